@@ -1,0 +1,3 @@
+from streamd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""``engine:`` — which inference backend runs the model, and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from streamd.config._fields import Invalid, Problems, opt, path_text, read_section, resolve_path
+
+DEFAULT_CACHE_DIR = Path("~/.cache/streamd").expanduser()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The inference backend. ``auto``: TensorRT if usable, else torch with CUDA, else ONNX Runtime (CPU)."""
+
+    type: Literal["auto", "tensorrt", "torch", "onnxruntime"] = opt("auto", "the inference backend")
+    precision: Literal["fp32", "fp16", "int8"] = opt(
+        "fp16", "compute precision on the GPU (CPU backends run fp32); int8 needs tensorrt and a Q/DQ model"
+    )
+    max_batch: int = opt(8, "largest batch the engine is built for (TensorRT profile max)", ge=1, le=256)
+    device: int = opt(0, "CUDA device index", ge=0)
+    cache_dir: Path = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        DEFAULT_CACHE_DIR,
+        "where built engines (TensorRT plans) are cached; ~ expanded, relative to the config file",
+    )
+    cuda_graphs: bool = opt(True, "run inference through captured CUDA graphs (GPU engines)")
+    threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
+
+
+def check_cache_dir(value: object, path: str, base_dir: Path) -> Path:
+    full = resolve_path(path_text(value, path, "a folder path"), base_dir)
+    if full.exists() and not full.is_dir():
+        raise Invalid(f"{str(full)!r} exists and is not a folder; pick a folder path", path)
+    return full
+
+
+def parse_engine(raw: object, problems: Problems, base_dir: Path) -> EngineConfig:
+    """Check the ``engine:`` section (absent or empty = all defaults)."""
+    given = read_section(
+        EngineConfig,
+        {} if raw is None else raw,
+        "engine",
+        problems,
+        special={"cache_dir": lambda v, p: check_cache_dir(v, p, base_dir)},
+    )
+    engine = EngineConfig(**given) if given is not None else EngineConfig()
+    verify_int8_engine(engine, problems)
+    return engine
+
+
+def verify_int8_engine(engine: EngineConfig, problems: Problems) -> None:
+    if engine.precision == "int8" and engine.type != "tensorrt" and problems.ok("engine.type"):
+        problems.add(
+            "engine.precision",
+            f"int8 with engine.type {engine.type!r}: INT8 needs a Q/DQ (quantized) model and TensorRT; "
+            "set engine.type: tensorrt, or use precision fp16",
+        )

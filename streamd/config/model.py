@@ -1,0 +1,134 @@
+"""``model:`` — the detector file, its input preprocessing and its output decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from streamd.config._fields import (
+    REPO_ROOT,
+    Invalid,
+    Problems,
+    describe,
+    existing_file,
+    opt,
+    path_text,
+    read_section,
+)
+from streamd.config.coco import COCO_NAMES
+
+DEFAULT_MODEL = REPO_ROOT / "models" / "nanodet-coco.onnx"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The detector and how frames are turned into its input and its output into detections."""
+
+    path: Path = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        DEFAULT_MODEL,
+        "the model file (ONNX); relative to the config file's folder; must exist. "
+        "Default: models/nanodet-coco.onnx in the streamd checkout",
+    )
+    input_size: tuple[int, int] = opt(
+        (416, 416),
+        "network input [width, height] in pixels",
+        ge=32,
+        le=4096,
+        multiple_of=32,
+        shape="[width, height]",
+    )
+    channel_order: Literal["rgb", "bgr"] = opt("rgb", "channel order the network expects")
+    mean: tuple[float, float, float] = opt(
+        (0.0, 0.0, 0.0), "subtracted per channel (in channel_order) before dividing by std"
+    )
+    std: tuple[float, float, float] = opt(
+        (255.0, 255.0, 255.0),
+        "divisor per channel (in channel_order): input = (pixel - mean) / std",
+        gt=0,
+    )
+    resize: Literal["letterbox", "stretch"] = opt(
+        "letterbox", "letterbox = keep the aspect ratio and pad with pad_value; stretch = scale to input_size"
+    )
+    pad_value: int = opt(114, "grey level of the letterbox padding", ge=0, le=255)
+    layout: Literal["auto", "yolov8", "yolov5", "end2end"] = opt(
+        "auto", "output tensor layout; auto = guess from the output shape and the number of class names"
+    )
+    class_names: tuple[str, ...] = opt(
+        COCO_NAMES,
+        "'coco' (the 80 COCO names), a list of names, or a text file with one name per line; "
+        "class id = position in the list",
+    )
+    score_threshold: float = opt(0.25, "detections scoring below this are dropped", gt=0, lt=1)
+    iou_threshold: float = opt(
+        0.45, "NMS: a box overlapping a better one of its class by more is dropped", gt=0, le=1
+    )
+    max_detections: int = opt(100, "most detections kept per frame after NMS", ge=1, le=10000)
+    top_k: int = opt(1000, "most candidates per frame kept (best scores first) before NMS", ge=1, le=100000)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+def check_class_names(value: object, path: str, base_dir: Path) -> tuple[str, ...]:
+    if value == "coco":
+        return COCO_NAMES
+    if isinstance(value, list):
+        if not value:
+            raise Invalid("expected at least one class name, got an empty list", path)
+        for index, name in enumerate(value):
+            if not isinstance(name, str) or not name.strip():
+                hint = f"; put it in quotes: '{name}'" if isinstance(name, (int, float)) else ""
+                raise Invalid(f"expected a class name, got {describe(name)}{hint}", f"{path}[{index}]")
+        return tuple(name.strip() for name in value)
+    if isinstance(value, str) and value.strip():
+        return _names_from_file(existing_file(value.strip(), path, base_dir, "class names file"), path)
+    raise Invalid(
+        f"expected 'coco', a list of names, or the path of a text file with one name per line, "
+        f"got {describe(value)}",
+        path,
+    )
+
+
+def _names_from_file(file: Path, path: str) -> tuple[str, ...]:
+    try:
+        lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Invalid(f"cannot read the class names file {str(file)!r}: {exc}", path) from None
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
+        raise Invalid(f"the class names file {str(file)!r} holds no names; write one name per line", path)
+    if "" in lines:
+        raise Invalid(
+            f"line {lines.index('') + 1} of the class names file {str(file)!r} is empty; "
+            "class ids count lines, so every line must hold a name",
+            path,
+        )
+    return tuple(lines)
+
+
+def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
+    """Check the ``model:`` section (absent or empty = all defaults)."""
+    given = read_section(
+        ModelConfig,
+        {} if raw is None else raw,
+        "model",
+        problems,
+        special={
+            "path": lambda v, p: existing_file(
+                path_text(v, p, "the path of the model file"), p, base_dir, "model file"
+            ),
+            "class_names": lambda v, p: check_class_names(v, p, base_dir),
+        },
+    )
+    if given is None:
+        return ModelConfig()
+    if "path" not in given and problems.ok("model.path") and not DEFAULT_MODEL.is_file():
+        problems.add(
+            "model.path",
+            f"not set, and the default model {str(DEFAULT_MODEL)!r} is missing; "
+            "set model.path to an ONNX file (relative to the config file's folder)",
+        )
+    return ModelConfig(**given)

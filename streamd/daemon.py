@@ -1,0 +1,160 @@
+"""Lifecycle: config -> sinks, engine, pipeline, streams -> run until done or signalled -> drain -> close.
+
+Never touches CUDA itself: GPU work lives behind the engine and stage implementations. Signal handlers only
+set events; the main thread waits on them, drains within a grace timeout and closes in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+from streamd.config import Config, JsonlSinkConfig
+from streamd.engines import create_engine
+from streamd.ingest import StreamWorker
+from streamd.pipeline.batcher import Batcher
+from streamd.pipeline.postprocess import PostprocessSpec, resolve_layout
+from streamd.pipeline.preprocess import PreprocessSpec
+from streamd.pipeline.scheduler import Scheduler
+from streamd.pipeline.stages import CpuStages, Stages
+from streamd.sinks.base import LineSink
+from streamd.sinks.jsonl import JsonlFileSink, StdoutSink
+from streamd.sinks.record import to_json_line
+from streamd.types import FrameResult
+
+log = logging.getLogger(__name__)
+
+
+def build_sinks(config: Config) -> list[LineSink]:
+    sinks: list[LineSink] = []
+    for s in config.sinks:
+        if isinstance(s, JsonlSinkConfig):
+            sinks.append(JsonlFileSink(s.path, s.queue_size, s.flush_every))
+        else:
+            sinks.append(StdoutSink(s.queue_size))
+    return sinks
+
+
+def build_stages(config: Config) -> Stages:
+    m, e = config.model, config.engine
+    engine = create_engine(
+        e.type, m.path, max_batch=e.max_batch, precision=e.precision, threads=e.threads,
+        device=e.device, cache_dir=e.cache_dir, cuda_graphs=e.cuda_graphs,
+    )
+    try:
+        c, h, w = engine.input_shape
+        if (w, h) != tuple(m.input_size) or c != 3:
+            raise ValueError(
+                f"model.input_size is {list(m.input_size)} (width, height) but the model takes "
+                f"[{c}, {h}, {w}] (C, H, W); set model.input_size: [{w}, {h}]"
+            )
+        layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
+        pre = PreprocessSpec(w, h, m.channel_order, tuple(m.mean), tuple(m.std), m.resize, m.pad_value)
+        post = PostprocessSpec(
+            layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k
+        )
+        return CpuStages(engine, pre, post)
+    except Exception:
+        engine.close()
+        raise
+
+
+class Daemon:
+    def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
+        self.config = config
+        self.status_line = sys.stderr.isatty() if status_line is None else status_line
+        self.stop = threading.Event()  # set by SIGINT/SIGTERM: stop reading, drain, exit
+        self.results = 0
+        self._t0 = time.monotonic()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop.is_set() and signum == signal.SIGINT:
+            self._abort.set()  # second Ctrl-C: do not wait for the drain
+        self.stop.set()
+
+    def run(self) -> int:
+        """Run to completion (files ended) or until signalled; returns the process exit code."""
+        cfg = self.config
+        self._abort = threading.Event()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        sinks = build_sinks(cfg)
+        for s in sinks:
+            s.start()
+        names = cfg.model.class_names
+
+        def on_result(result: FrameResult) -> None:
+            line = to_json_line(result, names)
+            for s in sinks:
+                s.submit(line)
+            self.results += 1
+
+        stages = build_stages(cfg)
+        batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        scheduler = Scheduler(batcher, stages, on_result, cfg.pipeline.ring_slots)
+        workers = []
+        for sc in cfg.streams:
+            policy = "latest" if sc.is_live or sc.realtime else "block"
+            q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
+            workers.append(StreamWorker(sc, q, self.stop))
+        self.workers, self.batcher, self.scheduler = workers, batcher, scheduler
+        log.info("streamd: %d stream(s), engine %s, batch %d", len(workers), stages.engine.name, batcher.batch_size)
+        scheduler.start()
+        for w in workers:
+            w.start()
+        try:
+            while not scheduler.join(timeout=0.5):
+                if self.status_line:
+                    self._print_status()
+                if self._abort.is_set():
+                    scheduler.abort.set()
+            if self.stop.is_set():
+                log.info("streamd: stopping (signal); in-flight frames were drained")
+        finally:
+            self.stop.set()
+            scheduler.abort.set()
+            scheduler.join(timeout=10)
+            for w in workers:
+                w.join(timeout=5)
+            for s in sinks:
+                s.close(timeout=10)
+            stages.close()
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if self.status_line:
+                self._print_status()
+                sys.stderr.write("\n")
+        self._log_summary(sinks)
+        return 1 if scheduler.error is not None else 0
+
+    def snapshot(self) -> dict:
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        return {
+            "elapsed_s": elapsed,
+            "results": self.results,
+            "fps": self.results / elapsed,
+            "dropped": sum(q.dropped for q in self.batcher.queues),
+            "decode_errors": sum(w.stats.decode_errors for w in self.workers),
+            "streams": {w.cfg.id: w.stats.state for w in self.workers},
+        }
+
+    def _print_status(self) -> None:
+        s = self.snapshot()
+        running = sum(1 for st in s["streams"].values() if st == "running")
+        sys.stderr.write(
+            f"\r\x1b[Kstreamd: {running}/{len(s['streams'])} streams | {s['results']} frames | "
+            f"{s['fps']:.1f} fps | dropped {s['dropped']} | decode errors {s['decode_errors']}"
+        )
+        sys.stderr.flush()
+
+    def _log_summary(self, sinks: list[LineSink]) -> None:
+        s = self.snapshot()
+        sink_drops = sum(x.dropped for x in sinks)
+        log.info(
+            "streamd: done: %d frames in %.1f s (%.1f fps), %d dropped after decode, %d decode errors, "
+            "%d sink lines dropped",
+            s["results"], s["elapsed_s"], s["fps"], s["dropped"], s["decode_errors"], sink_drops,
+        )

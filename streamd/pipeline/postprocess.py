@@ -1,0 +1,130 @@
+"""Postprocess: raw engine output -> per-frame detections (CPU twin of kernels/postprocess.cu).
+
+Layouts (B = batch, C = classes):
+- ``yolov8``  [B, 4 + C, N]: rows cx, cy, w, h (input pixels) then C class scores;
+- ``yolov5``  [B, N, 5 + C]: cx, cy, w, h, objectness, C class scores (score = obj * cls);
+- ``end2end`` [B, K, 6]: x1, y1, x2, y2, score, class id, NMS already done (rows with score <= 0 are empty).
+For each frame: best class per candidate, score threshold, keep the ``top_k`` best, class-aware greedy NMS
+by IoU, keep ``max_detections``. Ties in score keep the lower candidate index first (stable sort), which the
+CUDA kernel matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamd.types import Detections
+
+LAYOUTS = ("yolov8", "yolov5", "end2end")
+
+
+@dataclass(frozen=True, slots=True)
+class PostprocessSpec:
+    layout: str  # resolved: one of LAYOUTS
+    num_classes: int
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    max_detections: int = 100
+    top_k: int = 1000
+
+
+def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str:
+    """Pick the output layout from the output shape when the config says ``auto``; check it otherwise."""
+    if len(shape) != 3:
+        raise ValueError(f"model output: expected a 3-D tensor [B, ., .], got shape {list(shape)}")
+    _, a, b = shape
+    if layout == "auto":
+        if b == 6 and a != 4 + num_classes:
+            layout = "end2end"
+        elif a == 4 + num_classes:
+            layout = "yolov8"
+        elif b == 5 + num_classes:
+            layout = "yolov5"
+        else:
+            raise ValueError(
+                f"model output shape {list(shape)} fits no known layout for {num_classes} classes: expected "
+                f"[B, {4 + num_classes}, N] (yolov8), [B, N, {5 + num_classes}] (yolov5) or [B, K, 6] (end2end); "
+                "set model.layout or model.class_names to match the model"
+            )
+    expected = {"yolov8": a == 4 + num_classes, "yolov5": b == 5 + num_classes, "end2end": b == 6}
+    if layout not in expected:
+        raise ValueError(f"model.layout: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if not expected[layout]:
+        raise ValueError(
+            f"model.layout is {layout!r} but the model output shape {list(shape)} does not match it "
+            f"with {num_classes} class names (model.class_names)"
+        )
+    return layout
+
+
+
+def candidates(out: np.ndarray, spec: PostprocessSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One frame's raw output -> (xyxy (n, 4), score (n,), class_id (n,)) above threshold, best first."""
+    if spec.layout == "end2end":
+        xyxy, score, cls = out[:, :4], out[:, 4], out[:, 5]
+    else:
+        if spec.layout == "yolov8":
+            box, cls_scores = out[:4].T, out[4:]  # (N, 4), (C, N)
+            cls = cls_scores.argmax(0)
+            score = np.take_along_axis(cls_scores, cls[None], 0)[0]
+        else:  # yolov5
+            box = out[:, :4]
+            cls = out[:, 5:].argmax(1)
+            score = out[:, 4] * np.take_along_axis(out[:, 5:], cls[:, None], 1)[:, 0]
+        xyxy = np.concatenate([box[:, :2] - box[:, 2:] / 2, box[:, :2] + box[:, 2:] / 2], axis=1)
+    keep = np.flatnonzero(score > spec.score_threshold)
+    order = keep[np.argsort(-score[keep], kind="stable")][: spec.top_k]
+    return (
+        xyxy[order].astype(np.float32),
+        score[order].astype(np.float32),
+        cls[order].astype(np.int32),
+    )
+
+
+def nms(xyxy: np.ndarray, score: np.ndarray, class_id: np.ndarray, iou_threshold: float, limit: int) -> np.ndarray:
+    """Class-aware greedy NMS over boxes sorted by descending score; returns kept indices (≤ limit).
+
+    The IoU matrix is computed once in numpy; the greedy pass is a loop over kept boxes only.
+    """
+    n = len(score)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    x1, y1, x2, y2 = xyxy.T
+    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    iw = np.maximum(np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]), 0)
+    ih = np.maximum(np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]), 0)
+    inter = iw * ih
+    union = area[:, None] + area[None] - inter
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    suppress = (iou > iou_threshold) & (class_id[:, None] == class_id[None])
+    alive = np.ones(n, bool)
+    kept: list[int] = []
+    for i in range(n):
+        if not alive[i]:
+            continue
+        kept.append(i)
+        if len(kept) == limit:
+            break
+        alive &= ~suppress[i]
+    return np.asarray(kept, np.int64)
+
+
+class CpuPostprocessor:
+    """Batched engine output -> list of per-frame ``Detections`` in model-input pixels."""
+
+    def __init__(self, spec: PostprocessSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, output: np.ndarray) -> list[Detections]:
+        spec = self.spec
+        results = []
+        for out in output:
+            xyxy, score, cls = candidates(out, spec)
+            if spec.layout == "end2end":
+                keep = np.arange(min(len(score), spec.max_detections))
+            else:
+                keep = nms(xyxy, score, cls, spec.iou_threshold, spec.max_detections)
+            results.append(Detections(xyxy[keep], score[keep], cls[keep]))
+        return results

@@ -1,0 +1,74 @@
+"""Preprocess: source frames -> normalised NCHW model input (CPU twin of kernels/preprocess.cu).
+
+Resize convention shared with the CUDA kernel, so both give the same tensor:
+- letterbox: ``scale = min(W / w, H / h)``, resized size ``(round(w * scale), round(h * scale))``,
+  padding split with the smaller half left/top: ``pad_x = (W - nw) // 2``, ``pad_y = (H - nh) // 2``;
+- stretch: independent scales ``W / w`` and ``H / h``, no padding;
+- bilinear sampling with half-pixel centres (OpenCV's INTER_LINEAR), pad pixels = ``pad_value`` before
+  normalisation; then ``(pixel - mean) / std`` per channel in the model's channel order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from streamd.types import Transform
+
+
+@dataclass(frozen=True, slots=True)
+class PreprocessSpec:
+    """How one model wants its input. ``mean``/``std`` are in the model's channel order."""
+
+    width: int
+    height: int
+    channel_order: str = "rgb"  # "rgb" | "bgr"
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (255.0, 255.0, 255.0)
+    resize: str = "letterbox"  # "letterbox" | "stretch"
+    pad_value: int = 114
+
+
+def compute_transform(src_w: int, src_h: int, spec: PreprocessSpec) -> tuple[Transform, int, int]:
+    """Transform plus the resized (unpadded) size ``(nw, nh)`` for a ``src_w`` x ``src_h`` frame."""
+    if spec.resize == "stretch":
+        return Transform(spec.width / src_w, spec.height / src_h, 0.0, 0.0), spec.width, spec.height
+    scale = min(spec.width / src_w, spec.height / src_h)
+    nw = min(spec.width, max(1, round(src_w * scale)))
+    nh = min(spec.height, max(1, round(src_h * scale)))
+    pad_x, pad_y = (spec.width - nw) // 2, (spec.height - nh) // 2
+    # The effective per-axis scale is what was really applied after rounding the resized size.
+    return Transform(nw / src_w, nh / src_h, float(pad_x), float(pad_y)), nw, nh
+
+
+class CpuPreprocessor:
+    """Letterbox/stretch + normalise BGR uint8 frames into a preallocated float32 NCHW batch."""
+
+    def __init__(self, spec: PreprocessSpec) -> None:
+        self.spec = spec
+        order = [2, 1, 0] if spec.channel_order == "rgb" else [0, 1, 2]  # from BGR source
+        self._order = np.array(order)
+        self._scale = (1.0 / np.asarray(spec.std, np.float32)).reshape(3, 1, 1)
+        self._shift = (np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)).reshape(3, 1, 1)
+
+    def __call__(self, image: np.ndarray, out: np.ndarray) -> Transform:
+        """Write one BGR (H, W, 3) uint8 image into ``out`` (3, height, width) float32; return its transform.
+
+        Resizing happens in float32 (no rounding back to uint8), the same arithmetic as the CUDA kernel.
+        """
+        spec = self.spec
+        h, w = image.shape[:2]
+        transform, nw, nh = compute_transform(w, h, spec)
+        canvas = np.full((spec.height, spec.width, 3), spec.pad_value, np.float32)
+        px, py = int(transform.pad_x), int(transform.pad_y)
+        src = image.astype(np.float32)
+        if (nw, nh) == (w, h):
+            canvas[py : py + nh, px : px + nw] = src
+        else:
+            cv2.resize(src, (nw, nh), dst=canvas[py : py + nh, px : px + nw], interpolation=cv2.INTER_LINEAR)
+        chw = canvas.transpose(2, 0, 1)[self._order]  # (3, H, W) in model channel order
+        np.multiply(chw, self._scale, out=out)
+        out -= self._shift
+        return transform

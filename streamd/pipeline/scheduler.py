@@ -1,0 +1,125 @@
+"""Runs batches through the slot ring: S1 -> S2 -> S3 -> host, one thread per stage, K slots in flight.
+
+Slots circulate through bounded queues (free -> s1 -> s2 -> s3 -> collect -> free), so at most K batches
+exist at once and a slow stage back-pressures the batcher, never grows memory. Results leave in batch order,
+so each stream's frames stay in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from streamd.pipeline.batcher import Batcher
+from streamd.pipeline.stages import Slot, Stages
+from streamd.types import FrameResult
+
+log = logging.getLogger(__name__)
+
+_STOP = object()  # end-of-work marker passed down the stage queues
+
+
+class Scheduler:
+    def __init__(
+        self,
+        batcher: Batcher,
+        stages: Stages,
+        on_result: Callable[[FrameResult], None],
+        ring_slots: int = 3,
+    ) -> None:
+        self.batcher = batcher
+        self.stages = stages
+        self.on_result = on_result
+        self.abort = threading.Event()
+        self.error: BaseException | None = None
+        self.batches = 0
+        self.frames = 0
+        self._free: queue.Queue[Slot] = queue.Queue()
+        for i in range(ring_slots):
+            self._free.put(stages.new_slot(i))
+        self._queues: list[queue.Queue] = [queue.Queue(maxsize=ring_slots) for _ in range(3)]
+        steps = [
+            ("s1-preprocess", self._feed),
+            ("s2-infer", lambda: self._relay(self._queues[0], self._queues[1], stages.infer)),
+            ("s3-postprocess", lambda: self._relay(self._queues[1], self._queues[2], stages.postprocess)),
+            ("collect", self._collect),
+        ]
+        self._threads = [threading.Thread(target=self._guard, args=(fn,), name=n, daemon=True) for n, fn in steps]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for every stage thread; True if all finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # a stage failure stops the pipeline instead of hanging it
+            log.exception("pipeline stage %s failed", threading.current_thread().name)
+            self.error = self.error or exc
+            self.abort.set()
+            for q in self._queues:
+                _put_nowait_drop(q, _STOP)
+
+    def _get(self, q: queue.Queue):
+        while True:
+            try:
+                return q.get(timeout=0.25)
+            except queue.Empty:
+                if self.abort.is_set():
+                    return _STOP
+
+    def _feed(self) -> None:
+        while True:
+            batch = self.batcher.next_batch(self.abort)
+            if batch is None:
+                break
+            slot = self._get(self._free)
+            if slot is _STOP:
+                break
+            slot.frames, slot.stage_ms = batch, {}
+            slot.t_start = time.perf_counter()
+            self.stages.preprocess(slot)
+            self._queues[0].put(slot)
+        self._queues[0].put(_STOP)
+
+    def _relay(self, src: queue.Queue, dst: queue.Queue, step: Callable[[Slot], None]) -> None:
+        while (slot := self._get(src)) is not _STOP:
+            step(slot)
+            dst.put(slot)
+        dst.put(_STOP)
+
+    def _collect(self) -> None:
+        while (slot := self._get(self._queues[2])) is not _STOP:
+            detections = self.stages.collect(slot)
+            now = time.perf_counter()
+            batch_ms = (now - slot.t_start) * 1e3
+            for frame, transform, det in zip(slot.frames, slot.transforms, detections, strict=True):
+                latency = {k: round(v, 3) for k, v in slot.stage_ms.items()}
+                latency["decode"] = round(frame.decode_ms, 3)
+                latency["queue"] = round((slot.t_start - frame.t_decoded) * 1e3, 3)
+                latency["batch"] = round(batch_ms, 3)
+                latency["total"] = round((now - frame.t_decoded) * 1e3 + frame.decode_ms, 3)
+                boxes = transform.to_source(det.xyxy, frame.width, frame.height)
+                source_det = type(det)(boxes, det.score, det.class_id)
+                self.on_result(FrameResult(frame, source_det, latency))
+            self.batches += 1
+            self.frames += len(slot.frames)
+            slot.frames, slot.transforms = [], []
+            self._free.put(slot)
+
+
+def _put_nowait_drop(q: queue.Queue, item: object) -> None:
+    try:
+        q.put_nowait(item)
+    except queue.Full:
+        pass

@@ -1,0 +1,96 @@
+"""Value types shared by every stage of the data flow.
+
+Each hop of the pipeline turns one of these into the next:
+Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> scheduler slot -> ``FrameResult`` -> sinks.
+Arrays are numpy; shapes are in the docstrings and checked on construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded picture of one stream.
+
+    ``image`` is a host BGR uint8 array (H, W, 3) on the CPU path; on the GPU path it is None and ``surface``
+    holds the decoder's device frame. ``index`` counts decoded frames of the stream from 0 and never goes back,
+    also across reconnects; ``pts`` is the presentation time in seconds (None when the container has none).
+    """
+
+    stream_id: str
+    index: int
+    pts: float | None
+    width: int
+    height: int
+    image: np.ndarray | None = None
+    surface: Any = None
+    wall_time: float = 0.0  # time.time() when the frame left the decoder (arrival time)
+    t_decoded: float = 0.0  # time.perf_counter() at the same moment, for latencies
+    decode_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.image is not None and (
+            self.image.dtype != np.uint8 or self.image.shape != (self.height, self.width, 3)
+        ):
+            raise ValueError(
+                f"Frame.image: expected uint8 ({self.height}, {self.width}, 3), "
+                f"got {self.image.dtype} {self.image.shape}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Transform:
+    """Maps model-input pixels back to source pixels: ``src = (dst - pad) / scale`` per axis."""
+
+    scale_x: float
+    scale_y: float
+    pad_x: float
+    pad_y: float
+
+    def to_source(self, xyxy: np.ndarray, width: int, height: int) -> np.ndarray:
+        """(n, 4) boxes in model-input pixels -> (n, 4) boxes in source pixels, clipped to the frame."""
+        out = np.empty_like(xyxy, dtype=np.float32)
+        out[:, 0::2] = (xyxy[:, 0::2] - self.pad_x) / self.scale_x
+        out[:, 1::2] = (xyxy[:, 1::2] - self.pad_y) / self.scale_y
+        np.clip(out[:, 0::2], 0, width, out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0, height, out=out[:, 1::2])
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Detections:
+    """Detections of one frame: parallel arrays ``xyxy`` (n, 4) float32, ``score`` (n,) float32,
+    ``class_id`` (n,) int32, sorted by descending score."""
+
+    xyxy: np.ndarray
+    score: np.ndarray
+    class_id: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.score)
+        if self.xyxy.shape != (n, 4) or self.class_id.shape != (n,):
+            raise ValueError(
+                f"Detections: expected xyxy (n, 4), score (n,), class_id (n,); got "
+                f"{self.xyxy.shape}, {self.score.shape}, {self.class_id.shape}"
+            )
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.score)
+
+
+@dataclass(slots=True)
+class FrameResult:
+    """What the pipeline says about one frame; sinks turn it into one JSON line."""
+
+    frame: Frame
+    detections: Detections  # boxes in source pixels
+    latency_ms: dict[str, float] = field(default_factory=dict)
