@@ -11,7 +11,9 @@ from streamd.config import EX_CONFIG, ConfigError, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamd", description="Video streams -> object detection -> JSON lines.")
+    p = argparse.ArgumentParser(
+        prog="streamd", description="Video streams -> object detection -> JSON lines."
+    )
     p.add_argument("--version", action="version", version=f"streamd {__version__}")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the daemon (no CONFIG: the bundled demo)")
@@ -38,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s))", file=sys.stderr)
         return 0
     level = (getattr(args, "log_level", None) or config.log_level).upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     from streamd.daemon import Daemon  # imported late: `check` must not load engines
 
     status = False if getattr(args, "no_status", False) else None

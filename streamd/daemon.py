@@ -13,9 +13,10 @@ import threading
 import time
 from types import FrameType
 
-from streamd.config import Config, JsonlSinkConfig
-from streamd.engines import create_engine
+from streamd.config import EX_CONFIG, Config, JsonlSinkConfig
+from streamd.engines import EngineError, create_engine
 from streamd.ingest import StreamWorker
+from streamd.metrics import MetricsServer
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.postprocess import PostprocessSpec, resolve_layout
 from streamd.pipeline.preprocess import PreprocessSpec
@@ -42,8 +43,14 @@ def build_sinks(config: Config) -> list[LineSink]:
 def build_stages(config: Config) -> Stages:
     m, e = config.model, config.engine
     engine = create_engine(
-        e.type, m.path, max_batch=e.max_batch, precision=e.precision, threads=e.threads,
-        device=e.device, cache_dir=e.cache_dir, cuda_graphs=e.cuda_graphs,
+        e.type,
+        m.path,
+        max_batch=e.max_batch,
+        precision=e.precision,
+        threads=e.threads,
+        device=e.device,
+        cache_dir=e.cache_dir,
+        cuda_graphs=e.cuda_graphs,
     )
     try:
         c, h, w = engine.input_shape
@@ -69,6 +76,10 @@ class Daemon:
         self.status_line = sys.stderr.isatty() if status_line is None else status_line
         self.stop = threading.Event()  # set by SIGINT/SIGTERM: stop reading, drain, exit
         self.results = 0
+        self.workers: list[StreamWorker] = []
+        self.sinks: list[LineSink] = []
+        self.batcher: Batcher | None = None
+        self._abort = threading.Event()  # second Ctrl-C: skip the drain
         self._t0 = time.monotonic()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -79,11 +90,31 @@ class Daemon:
     def run(self) -> int:
         """Run to completion (files ended) or until signalled; returns the process exit code."""
         cfg = self.config
-        self._abort = threading.Event()
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        sinks = build_sinks(cfg)
-        for s in sinks:
-            s.start()
+        metrics = None
+        if cfg.metrics.enabled:  # bind first: a taken port must fail before anything starts
+            try:
+                metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
+            except OSError as exc:
+                log.error(
+                    "metrics.port: cannot listen on %s:%d (%s); pick another port",
+                    cfg.metrics.host,
+                    cfg.metrics.port,
+                    exc,
+                )
+                return 1
+        try:
+            stages = build_stages(cfg)
+        except (EngineError, ValueError) as exc:
+            log.error("%s", exc)
+            if metrics is not None:
+                metrics.close()
+            return EX_CONFIG
+        batcher = self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        for sc in cfg.streams:
+            policy = "latest" if sc.is_live or sc.realtime else "block"
+            q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
+            self.workers.append(StreamWorker(sc, q, self.stop))
+        sinks = self.sinks = build_sinks(cfg)
         names = cfg.model.class_names
 
         def on_result(result: FrameResult) -> None:
@@ -92,38 +123,44 @@ class Daemon:
                 s.submit(line)
             self.results += 1
 
-        stages = build_stages(cfg)
-        batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
         scheduler = Scheduler(batcher, stages, on_result, cfg.pipeline.ring_slots)
-        workers = []
-        for sc in cfg.streams:
-            policy = "latest" if sc.is_live or sc.realtime else "block"
-            q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-            workers.append(StreamWorker(sc, q, self.stop))
-        self.workers, self.batcher, self.scheduler = workers, batcher, scheduler
-        log.info("streamd: %d stream(s), engine %s, batch %d", len(workers), stages.engine.name, batcher.batch_size)
-        scheduler.start()
-        for w in workers:
-            w.start()
+        log.info(
+            "streamd: %d stream(s), engine %s, batch %d",
+            len(cfg.streams),
+            stages.engine.name,
+            batcher.batch_size,
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            for s in sinks:
+                s.start()
+            if metrics is not None:
+                metrics.start()
+            scheduler.start()
+            for w in self.workers:
+                w.start()
             while not scheduler.join(timeout=0.5):
                 if self.status_line:
                     self._print_status()
                 if self._abort.is_set():
                     scheduler.abort.set()
             if self.stop.is_set():
-                log.info("streamd: stopping (signal); in-flight frames were drained")
+                log.info("streamd: stopped by signal after draining frames in flight")
         finally:
+            # Reverse order of start: inputs, pipeline, outputs, engine, metrics.
             self.stop.set()
-            scheduler.abort.set()
-            scheduler.join(timeout=10)
-            for w in workers:
+            for w in self.workers:
                 w.join(timeout=5)
+            if not scheduler.join(timeout=10):
+                scheduler.abort.set()
+                scheduler.join(timeout=5)
             for s in sinks:
                 s.close(timeout=10)
             stages.close()
-            for s, h in previous.items():
-                signal.signal(s, h)
+            if metrics is not None:
+                metrics.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if self.status_line:
                 self._print_status()
                 sys.stderr.write("\n")
@@ -131,14 +168,27 @@ class Daemon:
         return 1 if scheduler.error is not None else 0
 
     def snapshot(self) -> dict:
+        """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""
         elapsed = max(time.monotonic() - self._t0, 1e-9)
+        per_stream = {
+            w.cfg.id: {
+                "state": w.stats.state,
+                "decoded": w.stats.decoded,
+                "dropped": q.dropped,
+                "decode_errors": w.stats.decode_errors,
+                "read_errors": w.stats.read_errors,
+            }
+            for w, q in zip(self.workers, self.batcher.queues if self.batcher else (), strict=False)
+        }
         return {
             "elapsed_s": elapsed,
             "results": self.results,
             "fps": self.results / elapsed,
-            "dropped": sum(q.dropped for q in self.batcher.queues),
-            "decode_errors": sum(w.stats.decode_errors for w in self.workers),
-            "streams": {w.cfg.id: w.stats.state for w in self.workers},
+            "dropped": sum(s["dropped"] for s in per_stream.values()),
+            "decode_errors": sum(s["decode_errors"] for s in per_stream.values()),
+            "streams": {sid: s["state"] for sid, s in per_stream.items()},
+            "per_stream": per_stream,
+            "sinks": {s.name: s.dropped for s in self.sinks},
         }
 
     def _print_status(self) -> None:
@@ -156,5 +206,10 @@ class Daemon:
         log.info(
             "streamd: done: %d frames in %.1f s (%.1f fps), %d dropped after decode, %d decode errors, "
             "%d sink lines dropped",
-            s["results"], s["elapsed_s"], s["fps"], s["dropped"], s["decode_errors"], sink_drops,
+            s["results"],
+            s["elapsed_s"],
+            s["fps"],
+            s["dropped"],
+            s["decode_errors"],
+            sink_drops,
         )

@@ -1,7 +1,7 @@
 """Value types shared by every stage of the data flow.
 
 Each hop of the pipeline turns one of these into the next:
-Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> scheduler slot -> ``FrameResult`` -> sinks.
+Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> slot -> ``FrameResult`` -> sinks.
 Arrays are numpy; shapes are in the docstrings and checked on construction.
 """
 
@@ -18,8 +18,8 @@ class Frame:
     """One decoded picture of one stream.
 
     ``image`` is a host BGR uint8 array (H, W, 3) on the CPU path; on the GPU path it is None and ``surface``
-    holds the decoder's device frame. ``index`` counts decoded frames of the stream from 0 and never goes back,
-    also across reconnects; ``pts`` is the presentation time in seconds (None when the container has none).
+    holds the decoder's device frame. ``index`` counts decoded frames of the stream from 0 and never goes back
+    (also across reconnects); ``pts`` is the presentation time in seconds (None when the container has none).
     """
 
     stream_id: str

@@ -20,7 +20,12 @@ def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedP
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, "-m", "streamd", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=kw.pop("cwd", ROOT), env=env, **kw,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=kw.pop("cwd", ROOT),
+        env=env,
+        **kw,
     )
 
 

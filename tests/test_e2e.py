@@ -70,7 +70,10 @@ def test_sigint_stops_cleanly_and_flushes(tmp_path, assets) -> None:
     write_config(cfg, f"  - id: cam\n    url: {CLIP}\n    realtime: true\n    loop: true", out)
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     deadline = time.monotonic() + 60

@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import CLIP, MODEL, ROOT, run_streamd
+from tests.conftest import CLIP, MODEL, run_streamd
 
 FRAMES = (0, 120, 300, 480, 650, 790)
 SCORE, IOU = 0.35, 0.5
@@ -21,7 +21,9 @@ MEAN = np.array([103.53, 116.28, 123.675], np.float32)  # BGR, as configs/demo.y
 STD = np.array([57.375, 57.12, 58.395], np.float32)
 
 
-def reference_detections(image: np.ndarray, session: ort.InferenceSession) -> list[tuple[int, float, np.ndarray]]:
+def reference_detections(
+    image: np.ndarray, session: ort.InferenceSession
+) -> list[tuple[int, float, np.ndarray]]:
     h, w = image.shape[:2]
     s = min(416 / w, 416 / h)
     nw, nh = round(w * s), round(h * s)
@@ -37,13 +39,19 @@ def reference_detections(image: np.ndarray, session: ort.InferenceSession) -> li
     score = scores_all.max(0)
     keep = score > SCORE
     cx, cy, bw, bh = out[0][keep], out[1][keep], out[2][keep], out[3][keep]
-    rects = [[float(a - c / 2), float(b - d / 2), float(c), float(d)] for a, b, c, d in zip(cx, cy, bw, bh)]
+    rects = np.stack([cx - bw / 2, cy - bh / 2, bw, bh], axis=1).astype(float).tolist()
     idx = cv2.dnn.NMSBoxesBatched(rects, score[keep].tolist(), cls[keep].tolist(), SCORE, IOU)
     result = []
     for i in np.asarray(idx, dtype=int).reshape(-1):
         x, y, ww, hh = rects[i]
-        box = np.array([(x - left) / (nw / w), (y - top) / (nh / h), (x + ww - left) / (nw / w),
-                        (y + hh - top) / (nh / h)])
+        box = np.array(
+            [
+                (x - left) / (nw / w),
+                (y - top) / (nh / h),
+                (x + ww - left) / (nw / w),
+                (y + hh - top) / (nh / h),
+            ]
+        )
         box = np.clip(box, 0, [w, h, w, h])
         result.append((int(cls[keep][i]), float(score[keep][i]), box))
     return result
@@ -103,10 +111,10 @@ def test_detections_match_independent_reference(product_lines) -> None:
             ref_strong = [r for r in ref if r[1] > SCORE + 0.03]
             total_ref += len(ref_strong)
             for cls, score, box in ref_strong:
-                best = max(
-                    (iou(box, np.array(d["box"])) for d in got if d["class_id"] == cls), default=0.0
+                best = max((iou(box, np.array(d["box"])) for d in got if d["class_id"] == cls), default=0.0)
+                assert best >= 0.95, (
+                    f"frame {index}: reference {cls} {score:.2f} {box.round(1)} unmatched ({best:.3f})"
                 )
-                assert best >= 0.95, f"frame {index}: reference {cls} {score:.2f} {box.round(1)} unmatched ({best:.3f})"
             got_strong = [d for d in got if d["score"] > SCORE + 0.03]
             assert abs(len(got_strong) - len(ref_strong)) <= 1, (index, len(got_strong), len(ref_strong))
             checked += 1

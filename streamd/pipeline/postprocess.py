@@ -45,8 +45,8 @@ def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str
         else:
             raise ValueError(
                 f"model output shape {list(shape)} fits no known layout for {num_classes} classes: expected "
-                f"[B, {4 + num_classes}, N] (yolov8), [B, N, {5 + num_classes}] (yolov5) or [B, K, 6] (end2end); "
-                "set model.layout or model.class_names to match the model"
+                f"[B, {4 + num_classes}, N] (yolov8), [B, N, {5 + num_classes}] (yolov5) or [B, K, 6] "
+                "(end2end); set model.layout or model.class_names to match the model"
             )
     expected = {"yolov8": a == 4 + num_classes, "yolov5": b == 5 + num_classes, "end2end": b == 6}
     if layout not in expected:
@@ -57,7 +57,6 @@ def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str
             f"with {num_classes} class names (model.class_names)"
         )
     return layout
-
 
 
 def candidates(out: np.ndarray, spec: PostprocessSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,7 +82,9 @@ def candidates(out: np.ndarray, spec: PostprocessSpec) -> tuple[np.ndarray, np.n
     )
 
 
-def nms(xyxy: np.ndarray, score: np.ndarray, class_id: np.ndarray, iou_threshold: float, limit: int) -> np.ndarray:
+def nms(
+    xyxy: np.ndarray, score: np.ndarray, class_id: np.ndarray, iou_threshold: float, limit: int
+) -> np.ndarray:
     """Class-aware greedy NMS over boxes sorted by descending score; returns kept indices (≤ limit).
 
     The IoU matrix is computed once in numpy; the greedy pass is a loop over kept boxes only.

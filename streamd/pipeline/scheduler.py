@@ -7,6 +7,7 @@ so each stream's frames stay in order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -47,7 +48,9 @@ class Scheduler:
             ("s3-postprocess", lambda: self._relay(self._queues[1], self._queues[2], stages.postprocess)),
             ("collect", self._collect),
         ]
-        self._threads = [threading.Thread(target=self._guard, args=(fn,), name=n, daemon=True) for n, fn in steps]
+        self._threads = [
+            threading.Thread(target=self._guard, args=(fn,), name=n, daemon=True) for n, fn in steps
+        ]
 
     def start(self) -> None:
         for t in self._threads:
@@ -119,7 +122,5 @@ class Scheduler:
 
 
 def _put_nowait_drop(q: queue.Queue, item: object) -> None:
-    try:
+    with contextlib.suppress(queue.Full):
         q.put_nowait(item)
-    except queue.Full:
-        pass

@@ -17,7 +17,7 @@ class JsonlFileSink(LineSink):
         self.path = path
 
     def _open(self) -> IO[str]:
-        return open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 (closed by the sink thread)
+        return open(self.path, "a", encoding="utf-8", buffering=1 << 16)
 
 
 class StdoutSink(LineSink):
@@ -28,7 +28,11 @@ class StdoutSink(LineSink):
         # Our own file object on a duplicate of fd 1: a closed pipe breaks this sink, not the interpreter.
         try:
             fd = sys.stdout.fileno()
-        except (AttributeError, OSError, io.UnsupportedOperation):  # stdout replaced (e.g. under a test runner)
+        except (
+            AttributeError,
+            OSError,
+            io.UnsupportedOperation,
+        ):  # stdout replaced (e.g. under a test runner)
             self._borrowed = True
             return sys.stdout
         self._borrowed = False
