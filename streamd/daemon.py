@@ -130,7 +130,9 @@ class Daemon:
             stages.engine.name,
             batcher.batch_size,
         )
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # embedders may run us in a thread
+            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for s in sinks:
                 s.start()

@@ -1,0 +1,91 @@
+"""Daemon behaviour through the real CLI: metrics over a real socket, a broken sink, a bad model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT, run_streamd
+from tests.test_reference_detections import NANODET_MODEL, write_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_and_health_over_http(tmp_path, assets) -> None:
+    port = free_port()
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "m.yaml"
+    write_config(cfg, f"  - id: cam\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true", out)
+    cfg.write_text(cfg.read_text() + f"metrics:\n  enabled: true\n  port: {port}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        text, deadline = "", time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                if "streamd_frames_total" in text and "streamd_frames_total 0\n" not in text:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert 'streamd_stream_up{stream="cam"} 1' in text, text
+        frames = int(
+            next(line.split()[1] for line in text.splitlines() if line.startswith("streamd_frames_total"))
+        )
+        assert frames > 0
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
+        assert health["ok"] is True and health["running_streams"] == ["cam"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+
+
+def test_broken_sink_does_not_stop_the_others(tmp_path, assets) -> None:
+    good = tmp_path / "good.jsonl"
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: hevc\n    url: {CLIP_HEVC}\n{NANODET_MODEL}\n"
+        f"sinks:\n  - type: jsonl\n    path: /dev/full\n  - type: jsonl\n    path: {good}\n"
+    )
+    proc = run_streamd("run", str(cfg), "--no-status")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(good.read_text().splitlines()) == 100
+    assert "output failed" in proc.stderr and "sink lines dropped" in proc.stderr
+
+
+def test_model_that_does_not_load_is_a_config_error(tmp_path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(f"streams:\n  - id: a\n    url: {CLIP}\nmodel:\n  path: {bad}\n")
+    proc = run_streamd("run", str(cfg), "--no-status")
+    assert proc.returncode == 78
+    assert "model.path" in proc.stderr and "bad.onnx" in proc.stderr
+
+
+def test_input_size_mismatch_names_the_key(tmp_path, assets) -> None:
+    cfg = tmp_path / "i.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP}\nmodel:\n  path: {MODEL}\n  input_size: [640, 640]\n"
+    )
+    proc = run_streamd("run", str(cfg), "--no-status")
+    assert proc.returncode == 78
+    assert "model.input_size" in proc.stderr and "[416, 416]" in proc.stderr
