@@ -13,6 +13,7 @@ import threading
 import time
 from types import FrameType
 
+from streamd import systemd
 from streamd.config import EX_CONFIG, Config, JsonlSinkConfig
 from streamd.engines import EngineError, create_engine
 from streamd.ingest import StreamWorker
@@ -81,6 +82,10 @@ class Daemon:
         self.batcher: Batcher | None = None
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
         self._t0 = time.monotonic()
+        self._last_results, self._last_progress = -1, self._t0
+        self._last_ping = self._last_status = 0.0
+        usec = systemd.watchdog_usec()
+        self._watchdog_s = usec / 1e6 if usec else 0.0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.stop.is_set() and signum == signal.SIGINT:
@@ -141,15 +146,16 @@ class Daemon:
             scheduler.start()
             for w in self.workers:
                 w.start()
+            systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             while not scheduler.join(timeout=0.5):
-                if self.status_line:
-                    self._print_status()
+                self._tick()
                 if self._abort.is_set():
                     scheduler.abort.set()
             if self.stop.is_set():
                 log.info("streamd: stopped by signal after draining frames in flight")
         finally:
             # Reverse order of start: inputs, pipeline, outputs, engine, metrics.
+            systemd.notify("STOPPING=1", "STATUS=draining")
             self.stop.set()
             for w in self.workers:
                 w.join(timeout=5)
@@ -191,7 +197,29 @@ class Daemon:
             "streams": {sid: s["state"] for sid, s in per_stream.items()},
             "per_stream": per_stream,
             "sinks": {s.name: s.dropped for s in self.sinks},
+            "stalled": self._stalled(time.monotonic()),
         }
+
+    STALL_S = 30.0  # no result for this long while streams run = stalled (health 503, watchdog withheld)
+
+    def _tick(self) -> None:
+        """Twice a second on the main thread: progress, systemd watchdog and status, the status line."""
+        now = time.monotonic()
+        if self.results != self._last_results:
+            self._last_results, self._last_progress = self.results, now
+        if self._watchdog_s and not self._stalled(now) and now - self._last_ping >= self._watchdog_s / 2:
+            systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
+            self._last_ping = now
+        if now - self._last_status >= 5:
+            s = self.snapshot()
+            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped")
+            self._last_status = now
+        if self.status_line:
+            self._print_status()
+
+    def _stalled(self, now: float) -> bool:
+        running = any(w.stats.state == "running" for w in self.workers)
+        return running and now - self._last_progress > self.STALL_S
 
     def _print_status(self) -> None:
         s = self.snapshot()

@@ -2,7 +2,8 @@
 
 Standard library only, one daemon thread; the numbers come from a snapshot function the daemon provides, so
 this module knows nothing about the pipeline. ``/healthz`` answers 200 while results keep coming (or no
-stream is running), 503 when no result was produced for ``stall_s`` seconds while streams are running.
+stream is running), 503 when the snapshot says the pipeline is stalled (no result for a while although
+streams are running).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -57,11 +57,8 @@ def render(snapshot: dict) -> str:
 
 
 class MetricsServer:
-    def __init__(self, host: str, port: int, snapshot: Snapshot, stall_s: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
-        self._stall_s = stall_s
-        self._last_results = -1
-        self._last_change = time.monotonic()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -85,12 +82,9 @@ class MetricsServer:
 
     def health(self) -> tuple[bool, dict]:
         snap = self._snapshot()
-        now = time.monotonic()
-        if snap["results"] != self._last_results:
-            self._last_results, self._last_change = snap["results"], now
+        ok = not snap.get("stalled", False)
         running = [sid for sid, s in snap.get("per_stream", {}).items() if s["state"] == "running"]
-        stalled = bool(running) and now - self._last_change > self._stall_s
-        return not stalled, {"ok": not stalled, "results": snap["results"], "running_streams": running}
+        return ok, {"ok": ok, "results": snap["results"], "running_streams": running}
 
     @staticmethod
     def _reply(handler: BaseHTTPRequestHandler, code: int, body: str, ctype: str) -> None:

@@ -34,3 +34,11 @@ def assets() -> None:
     missing = [p for p in (MODEL, CLIP, CLIP_HEVC) if not p.exists()]
     if missing:
         pytest.fail(f"bundled assets missing: {missing} (they are committed; see models/README.md)")
+
+
+@pytest.fixture(scope="session")
+def demo_run(assets) -> subprocess.CompletedProcess:
+    """`streamd run` with no arguments: the bundled demo (configs/demo.yaml), JSON lines on stdout."""
+    proc = run_streamd("run", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc

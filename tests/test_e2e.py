@@ -23,14 +23,6 @@ def _frames_of(path: str) -> int:
         return sum(1 for _ in c.decode(video=0))
 
 
-@pytest.fixture(scope="module")
-def demo_run(assets):
-    """`streamd run` with no arguments: the bundled demo, JSON lines on stdout."""
-    proc = run_streamd("run", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 def test_demo_prints_one_valid_line_per_frame(demo_run) -> None:
     lines = demo_run.stdout.splitlines()
     expected = _frames_of(str(CLIP))

@@ -13,7 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import CLIP, MODEL, run_streamd
+from streamd.config import load_config
+from tests.conftest import CLIP, MODEL
 
 FRAMES = (0, 120, 300, 480, 650, 790)
 SCORE, IOU = 0.35, 0.5
@@ -85,13 +86,12 @@ def write_config(path, streams: str, out) -> None:
 
 
 @pytest.fixture(scope="module")
-def product_lines(tmp_path_factory, assets) -> dict[int, dict]:
-    tmp = tmp_path_factory.mktemp("ref")
-    out, cfg = tmp / "out.jsonl", tmp / "ref.yaml"
-    write_config(cfg, f"  - id: demo\n    url: {CLIP}", out)
-    proc = run_streamd("run", str(cfg), "--no-status")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+def product_lines(demo_run) -> dict[int, dict]:
+    """The bundled demo's output: configs/demo.yaml has the same model settings as NANODET_MODEL."""
+    m = load_config(None).model
+    assert (m.score_threshold, m.iou_threshold, m.channel_order, m.resize) == (SCORE, IOU, "bgr", "letterbox")
+    assert list(m.mean) == pytest.approx(MEAN.tolist()) and list(m.std) == pytest.approx(STD.tolist())
+    records = [json.loads(line) for line in demo_run.stdout.splitlines()]
     return {r["frame"]: r for r in records}
 
 
