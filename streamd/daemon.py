@@ -65,6 +65,10 @@ def build_stages(config: Config) -> Stages:
         post = PostprocessSpec(
             layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k
         )
+        if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
+            from streamd.gpu.stages import GpuStages
+
+            return GpuStages(engine, pre, post, device=e.device)
         return CpuStages(engine, pre, post)
     except Exception:
         engine.close()

@@ -1,0 +1,186 @@
+"""The three-stream GPU implementation of the slot contract (``streamd.pipeline.stages.Stages``).
+
+Per slot: the engine's input tensor and output tensor, the NMS results (device) and their pinned host copy,
+and events E0..E3. For each batch the scheduler's stage threads only *enqueue*:
+
+    S1: wait for each frame's decode event, preprocess kernel (NV12/BGR -> NCHW) into the slot's input, E1
+    S2: wait E1, engine.enqueue(input -> output), E2
+    S3: wait E2, decode + NMS kernels, one D2H copy of counts + [B, max_det, 6] into pinned memory, E3
+    host (collect thread): E3.synchronize() (a blocking-sync event: the thread sleeps, no spin)
+
+so while batch n is in NMS, n+1 is in the engine and n+2 in preprocess. A slot is reused only after the host
+read its results; the frames' decoder surfaces are released then (E1, the last reader, is done).
+Frames decoded on the CPU (``Frame.image``) are uploaded into a per-slot staging buffer on S1 and go through
+the packed-BGR path of the same kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamd.engines.base import Engine
+from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream, copy_htod
+from streamd.gpu.kernels import KernelLoader
+from streamd.gpu.postprocess import GpuPostprocessor, HostNmsResults, NmsResults
+from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface, PackedSurface, Surface
+from streamd.pipeline.postprocess import PostprocessSpec
+from streamd.pipeline.preprocess import PreprocessSpec
+from streamd.pipeline.stages import Slot
+from streamd.types import Detections, Frame
+
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
+
+
+@dataclass(slots=True)
+class _GpuBuffers:
+    input: DeviceBuffer
+    output: DeviceBuffer
+    results: NmsResults
+    host: HostNmsResults
+    events: tuple[Event, Event, Event, Event]  # E0 (start), E1, E2, E3; timing events for per-stage times
+    staging: DeviceBuffer | None = None  # packed BGR uploads of CPU-decoded frames
+    surfaces: list[object] = field(default_factory=list)  # decoder frames held until E1 has passed
+
+
+def _surface_of(frame: Frame) -> object:
+    """The decoder's device frame, seen as an :class:`Nv12Surface` (duck-typed: NVDEC frames carry
+    ``y_ptr, uv_ptr, y_pitch, uv_pitch, width, height`` and optionally ``matrix``/``full_range``)."""
+    s = frame.surface
+    if isinstance(s, (Nv12Surface, PackedSurface)):
+        return s
+    return Nv12Surface(
+        s.y_ptr, s.uv_ptr, s.width, s.height, s.y_pitch, s.uv_pitch,
+        getattr(s, "matrix", "bt601"), bool(getattr(s, "full_range", False)),
+    )  # fmt: skip
+
+
+class GpuStages:
+    def __init__(self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec, device: int = 0) -> None:
+        if not engine.on_device:
+            raise ValueError(f"GpuStages needs a GPU engine, got {engine.name}")
+        self.engine = engine
+        self.ctx = Context(device)
+        self.loader = KernelLoader(self.ctx)
+        lo, hi = self.ctx.priority_range()
+        # Later stages get higher priority so finished work drains before new work is admitted.
+        self.s1, self.s2, self.s3 = (
+            Stream(self.ctx, lo),
+            Stream(self.ctx, (lo + hi) // 2),
+            Stream(self.ctx, hi),
+        )
+        in_dtype = np.dtype(engine.input_dtype)  # type: ignore[attr-defined]
+        out_dtype = np.dtype(engine.output_dtype)  # type: ignore[attr-defined]
+        self.max_batch = engine.max_batch
+        self.pre = GpuPreprocessor(
+            pre, self.ctx, max_batch=self.max_batch, dtype=_DTYPE_NAMES[in_dtype], loader=self.loader, ring=16
+        )
+        out_shape = engine.output_shape
+        num_anchors = out_shape[2] if post.layout == "yolov8" else out_shape[1]
+        self.post = GpuPostprocessor(
+            post, self.ctx, max_batch=self.max_batch, num_anchors=num_anchors,
+            dtype=_DTYPE_NAMES[out_dtype], loader=self.loader,
+        )  # fmt: skip
+        self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
+        self._out_bytes = int(np.prod(out_shape[1:])) * out_dtype.itemsize
+        self._buffers: list[_GpuBuffers] = []
+
+    def new_slot(self, index: int) -> Slot:
+        b = self.max_batch
+        events = (
+            Event(timing=True),
+            Event(timing=True),
+            Event(timing=True),
+            Event(timing=True, blocking=True),
+        )
+        buffers = _GpuBuffers(
+            DeviceBuffer(b * self._in_bytes),
+            DeviceBuffer(b * self._out_bytes),
+            self.post.new_results(),
+            self.post.new_host_results(),
+            events,
+        )
+        self._buffers.append(buffers)
+        return Slot(index, buffers=buffers)
+
+    def _stage_surfaces(self, slot: Slot, buf: _GpuBuffers) -> list[Surface]:
+        surfaces: list[Surface] = []
+        host_frames = [f for f in slot.frames if f.surface is None]
+        if host_frames:
+            need = sum(f.width * f.height * 3 for f in host_frames)
+            if buf.staging is None or buf.staging.nbytes < need:
+                if buf.staging is not None:
+                    buf.staging.close()
+                buf.staging = DeviceBuffer(need)
+        offset = 0
+        for f in slot.frames:
+            if f.surface is None:
+                image = np.ascontiguousarray(f.image)
+                copy_htod(buf.staging.ptr + offset, image.ctypes.data, image.nbytes, self.s1)  # type: ignore[union-attr]
+                surfaces.append(PackedSurface(buf.staging.ptr + offset, f.width, f.height, 3 * f.width))  # type: ignore[union-attr]
+                offset += image.nbytes
+            else:
+                ready = getattr(f.surface, "ready", None)
+                if ready is not None:
+                    self.s1.wait(ready)  # the decoder's copy into this surface is done
+                surfaces.append(_surface_of(f))  # type: ignore[arg-type]
+                buf.surfaces.append(f.surface)
+        return surfaces
+
+    def preprocess(self, slot: Slot) -> None:
+        self.ctx.activate()
+        buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
+        buf.events[0].record(self.s1)
+        slot.transforms = self.pre(self._stage_surfaces(slot, buf), buf.input.ptr, self.s1)
+        buf.events[1].record(self.s1)
+
+    def infer(self, slot: Slot) -> None:
+        self.ctx.activate()
+        buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
+        self.s2.wait(buf.events[1])
+        self.engine.enqueue(buf.input.ptr, buf.output.ptr, len(slot.frames), self.s2.handle)  # type: ignore[attr-defined]
+        buf.events[2].record(self.s2)
+
+    def postprocess(self, slot: Slot) -> None:
+        self.ctx.activate()
+        buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
+        self.s3.wait(buf.events[2])
+        n = len(slot.frames)
+        self.post(buf.output.ptr, n, self.s3, buf.results)
+        buf.results.download(buf.host, self.s3, n)
+        buf.events[3].record(self.s3)
+
+    def collect(self, slot: Slot) -> list[Detections]:
+        self.ctx.activate()
+        buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
+        t = time.perf_counter()
+        e0, e1, e2, e3 = buf.events
+        e3.synchronize()
+        for s in buf.surfaces:  # E1 precedes E3: the preprocess kernel has read every surface
+            release = getattr(s, "release", None)
+            if release is not None:
+                release()
+        buf.surfaces.clear()
+        slot.stage_ms.update(
+            preprocess=e0.elapsed_ms(e1), infer=e1.elapsed_ms(e2), postprocess=e2.elapsed_ms(e3),
+            host_wait=(time.perf_counter() - t) * 1e3,
+        )  # fmt: skip
+        return buf.host.detections(len(slot.frames))
+
+    def close(self) -> None:
+        for s in (self.s1, self.s2, self.s3):
+            s.synchronize()
+        for buf in self._buffers:
+            for owned in (buf.input, buf.output, buf.results, buf.host, buf.staging, *buf.events):
+                if owned is not None:
+                    owned.close()
+        self._buffers.clear()
+        self.pre.close()
+        self.post.close()
+        self.engine.close()
+        for s in (self.s1, self.s2, self.s3):
+            s.close()
+        self.loader.close()
+        self.ctx.close()
