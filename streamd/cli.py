@@ -1,4 +1,4 @@
-"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``."""
+"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``, ``streamd build-engine [CONFIG]``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-status", action="store_true", help="no one-line status display on stderr")
     check = sub.add_parser("check", help="validate a config file and exit (0 = valid, 78 = invalid)")
     check.add_argument("config", help="YAML config file")
+    from streamd.engines.build import add_build_engine_parser  # argparse only; TensorRT loads on use
+
+    add_build_engine_parser(sub)
     return p
 
 
@@ -40,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s))", file=sys.stderr)
         return 0
     level = (getattr(args, "log_level", None) or config.log_level).upper()
+    if command == "build-engine":
+        from streamd.engines.build import run_build_engine
+
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        return run_build_engine(args, config)
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

@@ -6,6 +6,7 @@ set events; the main thread waits on them, drains within a grace timeout and clo
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import sys
@@ -75,6 +76,19 @@ def build_stages(config: Config) -> Stages:
         raise
 
 
+def choose_decoder(requested: str, gpu_engine: bool) -> str:
+    """``auto``: NVDEC when inference runs on the GPU (frames then never leave the device) and PyNvVideoCodec
+    is installed; otherwise the CPU decoder."""
+    if requested == "nvdec" and not gpu_engine:
+        raise ValueError(
+            "pipeline.decoder: nvdec keeps frames on the GPU, but the engine runs on the CPU; "
+            "use decoder: cpu (or auto), or a GPU engine (engine.type: torch or tensorrt)"
+        )
+    if requested != "auto":
+        return requested
+    return "nvdec" if gpu_engine and importlib.util.find_spec("PyNvVideoCodec") is not None else "cpu"
+
+
 class Daemon:
     def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
         self.config = config
@@ -111,18 +125,21 @@ class Daemon:
                     exc,
                 )
                 return 1
+        stages: Stages | None = None
         try:
             stages = build_stages(cfg)
-        except (EngineError, ValueError) as exc:
+            decoder = choose_decoder(cfg.pipeline.decoder, stages.engine.on_device)
+        except (EngineError, ValueError) as exc:  # the model does not fit the config
             log.error("%s", exc)
-            if metrics is not None:
-                metrics.close()
+            for owner in (stages, metrics):
+                if owner is not None:
+                    owner.close()
             return EX_CONFIG
         batcher = self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
         for sc in cfg.streams:
             policy = "latest" if sc.is_live or sc.realtime else "block"
             q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-            self.workers.append(StreamWorker(sc, q, self.stop))
+            self.workers.append(StreamWorker(sc, q, self.stop, decoder=decoder, device=cfg.engine.device))
         sinks = self.sinks = build_sinks(cfg)
         names = cfg.model.class_names
 
@@ -134,11 +151,9 @@ class Daemon:
 
         scheduler = Scheduler(batcher, stages, on_result, cfg.pipeline.ring_slots)
         log.info(
-            "streamd: %d stream(s), engine %s, batch %d",
-            len(cfg.streams),
-            stages.engine.name,
-            batcher.batch_size,
-        )
+            "streamd: %d stream(s), decoder %s, engine %s, batch %d",
+            len(cfg.streams), decoder, stages.engine.name, batcher.batch_size,
+        )  # fmt: skip
         previous = {}
         if threading.current_thread() is threading.main_thread():  # embedders may run us in a thread
             previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

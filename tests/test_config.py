@@ -501,7 +501,7 @@ def test_defaults(folder: Path):
     assert config.engine.cache_dir == Path.home() / ".cache" / "streamd"
     assert config.engine.cuda_graphs is True and config.engine.threads == 0 and config.engine.device == 0
     assert config.pipeline == PipelineConfig(batch_size=4, batch_timeout_ms=10.0, ring_slots=3, frame_queue=2)
-    assert config.pipeline.result_queue == 256
+    assert config.pipeline.decoder == "auto"
     assert config.sinks == (StdoutSinkConfig(),) and config.sinks[0].type == "stdout"
     assert config.metrics == MetricsConfig(enabled=False, host="127.0.0.1", port=9108)
     assert config.log_level == "info"

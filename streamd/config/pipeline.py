@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from streamd.config._fields import Problems, opt, read_section
 
@@ -19,7 +20,11 @@ class PipelineConfig:
     frame_queue: int = opt(
         2, "decoded frames kept per stream; when full the oldest frame is dropped and counted", ge=1
     )
-    result_queue: int = opt(256, "finished frame results waiting for the sinks", ge=1)
+    decoder: Literal["auto", "cpu", "nvdec"] = opt(
+        "auto",
+        "video decoder: nvdec (GPU, PyNvVideoCodec; H.264/HEVC) or cpu (FFmpeg via PyAV/OpenCV)",
+        note="auto = nvdec when the engine runs on a GPU and PyNvVideoCodec is installed, else cpu",
+    )
 
 
 def parse_pipeline(raw: object, problems: Problems) -> PipelineConfig:

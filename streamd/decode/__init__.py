@@ -1,0 +1,32 @@
+"""Decoders: compressed packets -> pictures. ``cpu`` (PyAV, host BGR) and ``nvdec`` (PyNvVideoCodec, device
+NV12), same interface (:class:`~streamd.decode.base.Decoder`). Both are imported lazily, so importing this
+package needs neither PyAV nor any GPU package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamd.decode.base import DecodedPicture, DecodeError, Decoder
+from streamd.sources.base import VideoInfo
+
+DECODERS = ("cpu", "nvdec")
+
+__all__ = ["DECODERS", "DecodeError", "DecodedPicture", "Decoder", "create_decoder"]
+
+
+def create_decoder(kind: str, info: VideoInfo, **options: Any) -> Decoder:
+    """A decoder of ``kind`` (``cpu`` | ``nvdec``) for the stream described by ``info``.
+
+    NVDEC needs Annex-B packets (open the source with ``annexb=True``). Options go to the decoder's
+    constructor (``threads`` for cpu; ``device``, ``pool_size`` ... for nvdec).
+    """
+    if kind == "cpu":
+        from streamd.decode.cpu import CpuDecoder
+
+        return CpuDecoder(info, **options)
+    if kind == "nvdec":
+        from streamd.decode.nvdec import NvdecDecoder
+
+        return NvdecDecoder(info, **options)
+    raise ValueError(f"decoder: expected one of {', '.join(DECODERS)}, got {kind!r}")

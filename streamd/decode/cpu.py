@@ -1,47 +1,71 @@
-"""CPU decoder (PyAV / FFmpeg): packets -> BGR uint8 frames. Twin of ``decode/nvdec.py``."""
+"""CPU decoder (PyAV / FFmpeg): packets -> host BGR uint8 pictures. Twin of ``decode/nvdec.py``."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import av
 import numpy as np
 
-
-@dataclass(slots=True)
-class DecodedPicture:
-    image: np.ndarray  # (H, W, 3) uint8 BGR
-    pts: float | None  # seconds
+from streamd.decode.base import DecodedPicture, DecodeError
+from streamd.sources.base import Packet, VideoInfo
 
 
 class CpuDecoder:
     """Decodes every packet it is given (never skips, so references stay intact).
 
-    A packet FFmpeg cannot decode raises ``av.InvalidDataError``; the caller counts it and goes on.
+    Takes packets of either demux backend: container packets with the container's extradata, or Annex-B
+    packets with Annex-B extradata (``VideoInfo.annexb``). A packet FFmpeg cannot decode raises
+    :class:`DecodeError`; the decoder stays usable for the next one. Pictures FFmpeg flags as corrupt
+    (damaged slices, concealed) are not returned unless ``keep_corrupt``; :attr:`skipped` counts them.
     """
 
     name = "cpu"
 
-    def __init__(self, stream: av.video.stream.VideoStream, threads: int = 0) -> None:
-        self._ctx = av.CodecContext.create(stream.codec_context.name, "r")
-        if stream.codec_context.extradata:
-            self._ctx.extradata = stream.codec_context.extradata
+    def __init__(
+        self, info: VideoInfo, *, threads: int = 0, keep_luma: bool = False, keep_corrupt: bool = False
+    ) -> None:
+        try:
+            self._ctx = av.CodecContext.create(info.codec, "r")
+        except (av.FFmpegError, ValueError) as exc:
+            raise DecodeError(f"no CPU decoder for codec {info.codec!r}: {exc}") from None
+        if info.extradata:
+            self._ctx.extradata = info.extradata
         self._ctx.thread_type = "AUTO"
         if threads:
             self._ctx.thread_count = threads
-        self._time_base = stream.time_base
+        self._time_base = info.time_base
+        self._keep_luma = keep_luma
+        self._keep_corrupt = keep_corrupt
+        self.skipped = 0  # corrupt pictures decoded but not returned
 
-    def _convert(self, frames: list[av.VideoFrame]) -> Iterator[DecodedPicture]:
+    def _convert(self, frames: list[av.VideoFrame]) -> list[DecodedPicture]:
+        out = []
         for f in frames:
+            if f.is_corrupt and not self._keep_corrupt:
+                self.skipped += 1
+                continue
             pts = float(f.pts * self._time_base) if f.pts is not None and self._time_base else None
-            yield DecodedPicture(f.to_ndarray(format="bgr24"), pts)
+            luma = None
+            if self._keep_luma:
+                plane = f.planes[0]
+                rows = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)
+                luma = rows[: f.height, : f.width].copy()
+            out.append(DecodedPicture(pts, f.width, f.height, image=f.to_ndarray(format="bgr24"), luma=luma))
+        return out
 
-    def decode(self, packet: av.Packet) -> Iterator[DecodedPicture]:
-        return self._convert(self._ctx.decode(packet))
+    def decode(self, packet: Packet) -> list[DecodedPicture]:
+        pkt = packet.raw if isinstance(packet.raw, av.Packet) else av.Packet(packet.view())
+        if packet.raw is None:
+            pkt.pts = packet.pts
+        try:
+            return self._convert(self._ctx.decode(pkt))
+        except (av.FFmpegError, ValueError) as exc:
+            raise DecodeError(f"undecodable packet ({type(exc).__name__}: {exc})") from None
 
-    def flush(self) -> Iterator[DecodedPicture]:
-        return self._convert(self._ctx.decode(None))
+    def flush(self) -> list[DecodedPicture]:
+        try:
+            return self._convert(self._ctx.decode(None))
+        except (av.FFmpegError, ValueError) as exc:
+            raise DecodeError(f"flush failed ({type(exc).__name__}: {exc})") from None
 
     def close(self) -> None:
         self._ctx = None

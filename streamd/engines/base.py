@@ -1,9 +1,22 @@
 """The engine contract and the backend registry.
 
-A CPU engine takes a host float32 batch [B, 3, H, W] and returns the host output [B, ...] (``infer``).
-A GPU engine reads the input tensor and writes the output tensor at device addresses the caller owns,
-enqueued on the caller's CUDA stream (``enqueue``). ``create_engine`` picks the backend: ``auto`` means
-TensorRT if it imports and a GPU exists, else torch if CUDA works, else ONNX Runtime on the CPU.
+Two ways to run a loaded model, chosen by ``Engine.on_device``:
+
+- host engines (``on_device`` False, e.g. ONNX Runtime on the CPU): ``infer(batch)`` takes a host array
+  [b, C, H, W] in ``input_dtype`` and returns the host output [b, ...] in ``output_dtype``;
+- device engines (``on_device`` True: TensorRT, torch, ONNX Runtime's CUDA EP): ``enqueue(in_ptr, out_ptr, b,
+  stream)`` *enqueues* the model on the caller's CUDA stream, reading [b, C, H, W] at ``in_ptr`` and writing
+  [b, *output_shape[1:]] at ``out_ptr``. Both buffers are device memory the caller owns (slot buffers); the
+  call returns without waiting for the GPU. The caller orders its own work around the call with events on
+  ``stream`` (record after its preprocess, wait on the next stage's stream after ``enqueue``); the engine
+  never synchronises the host. An engine's private scratch (TensorRT's context memory, torch's graph pool) is
+  shared by every call, so each engine orders its calls with its own event: calls made on different streams
+  still run one after the other on the GPU, and the buffers of a call may be reused as soon as the caller's
+  own events say the GPU has passed it.
+
+``create_engine`` picks the backend by name and imports its module only then, so the CPU path never
+imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
+works, else ONNX Runtime on the CPU.
 """
 
 from __future__ import annotations
@@ -12,29 +25,42 @@ import importlib
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
+PRECISIONS = ("fp32", "fp16", "int8")
+
 
 class EngineError(RuntimeError):
-    """The model could not be loaded or run; the message says which model and why."""
+    """The model could not be loaded, built or run; the message says which model and why."""
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """One loaded model. ``input_shape`` is (C, H, W); ``output_shape`` is the output for batch 1."""
+    """One loaded model. ``input_shape`` is (C, H, W); ``output_shape`` is the output for batch 1, e.g.
+    (1, 84, 3549). ``input_dtype``/``output_dtype`` are the numpy dtypes of the buffers the caller
+    provides."""
 
     name: str
-    on_device: bool  # True: use enqueue() with device pointers; False: use infer() with host arrays
+    on_device: bool  # True: enqueue() with device pointers; False: infer() with host arrays
     max_batch: int
     input_shape: tuple[int, int, int]
     output_shape: tuple[int, ...]
+    input_dtype: np.dtype
+    output_dtype: np.dtype
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        """Run a host batch [b, C, H, W] float32 (b ≤ max_batch); return the host output [b, ...] float32."""
+        """Host engines: run a host batch [b, C, H, W] (b ≤ max_batch); return the host output [b, ...].
+
+        Device engines implement it too (a slow host round trip for tests and tools, never the pipeline)."""
+        ...
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+        """Device engines: enqueue one batch on ``stream`` (a ``cudaStream_t`` as int, never the legacy
+        default stream 0 for TensorRT); returns at once. Host engines raise ``EngineError``."""
         ...
 
     def close(self) -> None:
@@ -42,45 +68,103 @@ class Engine(Protocol):
         ...
 
 
+def output_nbytes(engine: Engine, batch: int) -> int:
+    """Bytes of the output buffer ``enqueue`` writes for ``batch`` images."""
+    per_image = int(np.prod(engine.output_shape[1:], dtype=np.int64))
+    return batch * per_image * engine.output_dtype.itemsize
+
+
+def input_nbytes(engine: Engine, batch: int) -> int:
+    """Bytes of the input buffer ``enqueue`` reads for ``batch`` images."""
+    return batch * int(np.prod(engine.input_shape, dtype=np.int64)) * engine.input_dtype.itemsize
+
+
 # name -> "module:factory"; modules are imported only when chosen, so the CPU path never imports CUDA.
 BACKENDS: dict[str, str] = {
     "onnxruntime": "streamd.engines.onnxruntime:OnnxRuntimeEngine",
+    "torch": "streamd.engines.torch:TorchEngine",
+    "tensorrt": "streamd.engines.tensorrt:TensorRTEngine",
 }
 
 
 def _gpu_available() -> bool:
-    """True when torch sees CUDA (the cheapest reliable probe on machines that have torch)."""
+    """True when an NVIDIA GPU is usable: torch sees CUDA, or the CUDA driver API reports a device."""
+    if importlib.util.find_spec("torch") is not None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return True
+        except Exception:  # a broken torch install must not stop the CPU path
+            pass
+    try:
+        from streamd.engines._cuda import device_count
+
+        return device_count() > 0
+    except Exception:  # no cuda-python, no driver, no device
+        return False
+
+
+def _torch_cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False
     try:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # a broken torch install must not stop the CPU path
+    except Exception:
         return False
 
 
 def choose_backend(requested: str) -> str:
+    """Resolve ``auto`` (see module docstring); any other name is returned unchanged."""
     if requested != "auto":
         return requested
-    if "tensorrt" in BACKENDS and importlib.util.find_spec("tensorrt") is not None and _gpu_available():
+    if importlib.util.find_spec("tensorrt") is not None and _gpu_available():
         return "tensorrt"
-    if "torch" in BACKENDS and _gpu_available():
+    if _torch_cuda_available():
         return "torch"
     return "onnxruntime"
 
 
 def create_engine(
-    requested: str, model_path: Path, *, max_batch: int, precision: str = "fp32", threads: int = 0, **options
+    requested: str,
+    model_path: Path,
+    *,
+    max_batch: int,
+    precision: str = "fp32",
+    threads: int = 0,
+    **options: Any,
 ) -> Engine:
-    """Load ``model_path`` with the requested backend (``auto`` picks one, see module docstring)."""
+    """Load ``model_path`` with the requested backend (``auto`` picks one, see module docstring).
+
+    ``options`` are passed to the backend: ``device`` (CUDA device index), ``cache_dir`` (where built engines
+    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), and
+    backend-specific ones documented on each engine class. Unknown options are ignored by every backend.
+    """
+    if precision not in PRECISIONS:
+        raise EngineError(f"engine.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if max_batch < 1:
+        raise EngineError(f"engine.max_batch: expected ≥ 1, got {max_batch}")
     name = choose_backend(requested)
     if name not in BACKENDS:
-        raise EngineError(f"engine.type: backend {name!r} is not available; installed: {', '.join(BACKENDS)}")
+        raise EngineError(
+            f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(BACKENDS)}"
+        )
     module_name, factory = BACKENDS[name].split(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EngineError(f"engine.type: backend {name!r} cannot be imported here: {exc}") from exc
     engine: Engine = getattr(module, factory)(
-        model_path, max_batch=max_batch, precision=precision, threads=threads, **options
+        Path(model_path), max_batch=max_batch, precision=precision, threads=threads, **options
     )
-    log.info("engine: %s (%s, max batch %d)", engine.name, model_path.name, max_batch)
+    log.info(
+        "engine: %s (%s, max batch %d, %s in, %s out)",
+        engine.name,
+        Path(model_path).name,
+        engine.max_batch,
+        engine.input_dtype,
+        engine.output_dtype,
+    )
     return engine

@@ -1,51 +1,136 @@
-"""ONNX Runtime engine, CPU provider (the CPU twin of the GPU engines)."""
+"""ONNX Runtime engine: the CPU provider (the CPU twin of the GPU engines), or the CUDA EP when
+``onnxruntime-gpu`` is installed.
+
+CPU: ``infer`` on host arrays; precision is always FP32 (``fp16`` is accepted and runs FP32, so one config
+works on both kinds of machine). CUDA EP: ``enqueue`` binds the caller's device buffers with IOBinding and
+runs on the caller's stream (``user_compute_stream``; one session per stream, since ORT fixes the stream when
+the session is made) without a host synchronisation at the end of the run; ``fp16`` converts the ONNX to FP16
+with FP32 input/output (``onnx_tools.convert_to_fp16``). A fixed-batch-1 model is made batch-dynamic when
+that is proven equivalent; otherwise it runs image by image.
+"""
 
 from __future__ import annotations
 
-import os
+import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
+
+log = logging.getLogger(__name__)
+
+
+def _elem_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 class OnnxRuntimeEngine:
-    name = "onnxruntime-cpu"
-    on_device = False
+    """Options beyond ``create_engine``'s: ``provider`` = ``auto`` (CUDA EP if onnxruntime-gpu sees a GPU,
+    else CPU), ``cpu`` or ``cuda``."""
 
-    def __init__(self, model_path: Path, *, max_batch: int, precision: str = "fp32", threads: int = 0, **_) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        max_batch: int,
+        precision: str = "fp32",
+        threads: int = 0,
+        device: int = 0,
+        provider: str = "auto",
+        **_: Any,
+    ) -> None:
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._ort = ort
+        model = onnx_tools.load(model_path)
+        io = onnx_tools.model_io(model, model_path)
+        if precision == "int8":
+            raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model")
+        if io.batch == 1 and max_batch > 1:
+            dynamic = onnx_tools.make_batch_dynamic(model)
+            if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
+                model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
+        available = ort.get_available_providers()
+        want_cuda = provider == "cuda" or (provider == "auto" and "CUDAExecutionProvider" in available)
+        if provider == "cuda" and "CUDAExecutionProvider" not in available:
+            raise EngineError("onnxruntime: provider cuda asked for, but this onnxruntime has no CUDA EP")
+        if want_cuda and precision == "fp16":
+            model = onnx_tools.convert_to_fp16(model)
+        self._model_bytes = model.SerializeToString()
+        self._model_path = model_path
+        self._opts = ort.SessionOptions()
+        self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
-            opts.intra_op_num_threads = threads
+            self._opts.intra_op_num_threads = threads
+        self.device = device
+        self._input, self._output = io.input_name, io.output_name
+        self.batch_fixed = io.batch
+        self.max_batch = max_batch if io.batch is None else min(max_batch, io.batch)
+        self.input_shape = io.chw
+        self.input_dtype = _elem_dtype(io.input_elem_type)
+        self._sessions: dict[int, Any] = {}  # CUDA EP: one session per caller stream
+        self._lock = threading.Lock()
+        self._session = self._new_session(cuda=want_cuda)
+        self.on_device = want_cuda and "CUDAExecutionProvider" in self._session.get_providers()
+        if want_cuda and not self.on_device:
+            log.warning("onnxruntime: the CUDA EP did not initialise (no GPU?); running on the CPU")
+        self.name = "onnxruntime-cuda" if self.on_device else "onnxruntime-cpu"
+        if not self.on_device and precision == "fp16":
+            log.debug("onnxruntime-cpu runs FP32 (engine.precision fp16 applies to GPU engines)")
+        out_type = self._session.get_outputs()[0].type
+        self.output_dtype = np.dtype(np.float16 if out_type == "tensor(float16)" else np.float32)
+        self._run_options = ort.RunOptions()
+        self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        probe = self._host_run(np.zeros((1, *self.input_shape), self.input_dtype))
+        self.output_shape = tuple(int(d) for d in probe.shape)
+
+    def _new_session(self, cuda: bool, stream: int | None = None) -> Any:
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if cuda:
+            cuda_opts = {"device_id": str(self.device)}
+            if stream is not None:
+                cuda_opts["user_compute_stream"] = str(stream)
+            providers = [("CUDAExecutionProvider", cuda_opts), "CPUExecutionProvider"]
         try:
-            self._session = ort.InferenceSession(os.fspath(model_path), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises several unrelated types for a bad file
-            raise EngineError(f"model.path: ONNX Runtime cannot load {model_path}: {exc}") from exc
-        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise EngineError(
-                f"model.path: expected a model with one input and one output, got {len(inputs)} inputs "
-                f"and {len(outputs)} outputs ({model_path})"
-            )
-        self._input, self._output = inputs[0].name, outputs[0].name
-        shape = inputs[0].shape
-        if len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
-            raise EngineError(f"model input: expected [B, 3, H, W] with fixed C, H, W; got {shape}")
-        self.batch_fixed = shape[0] if isinstance(shape[0], int) else None
-        self.max_batch = max_batch if self.batch_fixed is None else min(max_batch, self.batch_fixed)
-        self.input_shape = (int(shape[1]), int(shape[2]), int(shape[3]))
-        probe = self.infer(np.zeros((1, *self.input_shape), np.float32))
-        self.output_shape = tuple(probe.shape)
+            return self._ort.InferenceSession(self._model_bytes, self._opts, providers=providers)
+        except Exception as exc:  # ORT raises several unrelated types for a bad model
+            raise EngineError(f"model.path: ONNX Runtime cannot load {self._model_path}: {exc}") from exc
+
+    def _host_run(self, batch: np.ndarray) -> np.ndarray:
+        if self.batch_fixed == 1 and len(batch) > 1:  # a batch-1 model that could not be made dynamic
+            return np.concatenate([self._host_run(batch[i : i + 1]) for i in range(len(batch))])
+        (out,) = self._session.run([self._output], {self._input: np.asarray(batch, self.input_dtype)})
+        return np.asarray(out)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        if self.batch_fixed == 1 and len(batch) > 1:  # models exported with batch 1 run frame by frame
-            return np.concatenate([self.infer(batch[i : i + 1]) for i in range(len(batch))])
-        (out,) = self._session.run([self._output], {self._input: batch})
-        return np.asarray(out, np.float32)
+        if len(batch) > self.max_batch:
+            raise EngineError(f"onnxruntime: batch {len(batch)} > max_batch {self.max_batch}")
+        return self._host_run(batch)
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+        if not self.on_device:
+            raise EngineError("onnxruntime-cpu is a host engine: use infer(), not enqueue()")
+        if not 1 <= batch <= self.max_batch:
+            raise EngineError(f"onnxruntime: batch {batch} outside 1..{self.max_batch}")
+        with self._lock:
+            session = self._sessions.get(stream)
+            if session is None:
+                session = self._sessions[stream] = self._new_session(cuda=True, stream=stream)
+        binding = session.io_binding()
+        binding.bind_input(
+            self._input, "cuda", self.device, self.input_dtype, [batch, *self.input_shape], input_ptr
+        )
+        binding.bind_output(
+            self._output, "cuda", self.device, self.output_dtype, [batch, *self.output_shape[1:]], output_ptr
+        )
+        session.run_with_iobinding(binding, self._run_options)
 
     def close(self) -> None:
         self._session = None
+        self._sessions.clear()

@@ -9,7 +9,8 @@ and events E0..E3. For each batch the scheduler's stage threads only *enqueue*:
     host (collect thread): E3.synchronize() (a blocking-sync event: the thread sleeps, no spin)
 
 so while batch n is in NMS, n+1 is in the engine and n+2 in preprocess. A slot is reused only after the host
-read its results; the frames' decoder surfaces are released then (E1, the last reader, is done).
+read its results. Decoder surfaces go back to their pool as soon as the preprocess kernel (their last reader)
+is enqueued: ``release(S1)`` makes the decoder's stream wait for it, so nothing blocks on the host.
 Frames decoded on the CPU (``Frame.image``) are uploaded into a per-slot staging buffer on S1 and go through
 the packed-BGR path of the same kernel.
 """
@@ -17,7 +18,8 @@ the packed-BGR path of the same kernel.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface, PackedSurface, 
 from streamd.pipeline.postprocess import PostprocessSpec
 from streamd.pipeline.preprocess import PreprocessSpec
 from streamd.pipeline.stages import Slot
-from streamd.types import Detections, Frame
+from streamd.types import Detections
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 
@@ -42,19 +44,18 @@ class _GpuBuffers:
     host: HostNmsResults
     events: tuple[Event, Event, Event, Event]  # E0 (start), E1, E2, E3; timing events for per-stage times
     staging: DeviceBuffer | None = None  # packed BGR uploads of CPU-decoded frames
-    surfaces: list[object] = field(default_factory=list)  # decoder frames held until E1 has passed
 
 
-def _surface_of(frame: Frame) -> object:
-    """The decoder's device frame, seen as an :class:`Nv12Surface` (duck-typed: NVDEC frames carry
-    ``y_ptr, uv_ptr, y_pitch, uv_pitch, width, height`` and optionally ``matrix``/``full_range``)."""
-    s = frame.surface
-    if isinstance(s, (Nv12Surface, PackedSurface)):
-        return s
+def _surface_of(surface: object) -> Surface:
+    """The decoder's device frame as a kernel :class:`Nv12Surface`. NVDEC frames
+    (``streamd.decode.nvdec.NV12Surface``) carry ``luma_ptr, chroma_ptr, pitch, width, height, color_matrix,
+    full_range``; kernel surfaces pass through."""
+    if isinstance(surface, (Nv12Surface, PackedSurface)):
+        return surface
+    s: Any = surface
     return Nv12Surface(
-        s.y_ptr, s.uv_ptr, s.width, s.height, s.y_pitch, s.uv_pitch,
-        getattr(s, "matrix", "bt601"), bool(getattr(s, "full_range", False)),
-    )  # fmt: skip
+        s.luma_ptr, s.chroma_ptr, s.width, s.height, s.pitch, s.pitch, s.color_matrix, s.full_range
+    )
 
 
 class GpuStages:
@@ -71,8 +72,8 @@ class GpuStages:
             Stream(self.ctx, (lo + hi) // 2),
             Stream(self.ctx, hi),
         )
-        in_dtype = np.dtype(engine.input_dtype)  # type: ignore[attr-defined]
-        out_dtype = np.dtype(engine.output_dtype)  # type: ignore[attr-defined]
+        in_dtype = np.dtype(engine.input_dtype)
+        out_dtype = np.dtype(engine.output_dtype)
         self.max_batch = engine.max_batch
         self.pre = GpuPreprocessor(
             pre, self.ctx, max_batch=self.max_batch, dtype=_DTYPE_NAMES[in_dtype], loader=self.loader, ring=16
@@ -105,28 +106,30 @@ class GpuStages:
         self._buffers.append(buffers)
         return Slot(index, buffers=buffers)
 
+    def _staging(self, buf: _GpuBuffers, nbytes: int) -> DeviceBuffer:
+        """The slot's upload buffer for CPU-decoded frames, grown when a batch needs more."""
+        if buf.staging is None or buf.staging.nbytes < nbytes:
+            if buf.staging is not None:
+                buf.staging.close()
+            buf.staging = DeviceBuffer(nbytes)
+        return buf.staging
+
     def _stage_surfaces(self, slot: Slot, buf: _GpuBuffers) -> list[Surface]:
         surfaces: list[Surface] = []
-        host_frames = [f for f in slot.frames if f.surface is None]
-        if host_frames:
-            need = sum(f.width * f.height * 3 for f in host_frames)
-            if buf.staging is None or buf.staging.nbytes < need:
-                if buf.staging is not None:
-                    buf.staging.close()
-                buf.staging = DeviceBuffer(need)
+        host_bytes = sum(f.width * f.height * 3 for f in slot.frames if f.surface is None)
+        staging = self._staging(buf, host_bytes) if host_bytes else None
         offset = 0
         for f in slot.frames:
-            if f.surface is None:
-                image = np.ascontiguousarray(f.image)
-                copy_htod(buf.staging.ptr + offset, image.ctypes.data, image.nbytes, self.s1)  # type: ignore[union-attr]
-                surfaces.append(PackedSurface(buf.staging.ptr + offset, f.width, f.height, 3 * f.width))  # type: ignore[union-attr]
-                offset += image.nbytes
-            else:
-                ready = getattr(f.surface, "ready", None)
-                if ready is not None:
-                    self.s1.wait(ready)  # the decoder's copy into this surface is done
-                surfaces.append(_surface_of(f))  # type: ignore[arg-type]
-                buf.surfaces.append(f.surface)
+            if f.surface is not None:
+                if hasattr(f.surface, "wait"):
+                    f.surface.wait(self.s1)  # the decoder's copy into this surface is done
+                surfaces.append(_surface_of(f.surface))
+                continue
+            assert staging is not None and f.image is not None
+            image = np.ascontiguousarray(f.image)
+            copy_htod(staging.ptr + offset, image.ctypes.data, image.nbytes, self.s1)
+            surfaces.append(PackedSurface(staging.ptr + offset, f.width, f.height, 3 * f.width))
+            offset += image.nbytes
         return surfaces
 
     def preprocess(self, slot: Slot) -> None:
@@ -135,12 +138,16 @@ class GpuStages:
         buf.events[0].record(self.s1)
         slot.transforms = self.pre(self._stage_surfaces(slot, buf), buf.input.ptr, self.s1)
         buf.events[1].record(self.s1)
+        for f in slot.frames:  # the kernel above was the last reader: the decoder may reuse the buffers
+            if f.surface is not None and hasattr(f.surface, "release"):
+                f.surface.release(self.s1)
+            f.surface = None
 
     def infer(self, slot: Slot) -> None:
         self.ctx.activate()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         self.s2.wait(buf.events[1])
-        self.engine.enqueue(buf.input.ptr, buf.output.ptr, len(slot.frames), self.s2.handle)  # type: ignore[attr-defined]
+        self.engine.enqueue(buf.input.ptr, buf.output.ptr, len(slot.frames), self.s2.handle)
         buf.events[2].record(self.s2)
 
     def postprocess(self, slot: Slot) -> None:
@@ -158,11 +165,6 @@ class GpuStages:
         t = time.perf_counter()
         e0, e1, e2, e3 = buf.events
         e3.synchronize()
-        for s in buf.surfaces:  # E1 precedes E3: the preprocess kernel has read every surface
-            release = getattr(s, "release", None)
-            if release is not None:
-                release()
-        buf.surfaces.clear()
         slot.stage_ms.update(
             preprocess=e0.elapsed_ms(e1), infer=e1.elapsed_ms(e2), postprocess=e2.elapsed_ms(e3),
             host_wait=(time.perf_counter() - t) * 1e3,

@@ -1,0 +1,70 @@
+"""Inputs: video files and RTSP cameras, demuxed to compressed packets (never decoded here).
+
+Two demux backends give the same :class:`~streamd.sources.base.Packet` values: ``pyav`` (PyAV; default when
+installed) and ``opencv`` (OpenCV's FFmpeg raw-packet mode; used where PyAV is missing, e.g. the GPU box).
+Pick one with ``backend="pyav" | "opencv" | "auto"``. Backends are imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from streamd.sources.base import Demuxer, Packet, SourceEnded, SourceError, SourceTimeout, VideoInfo
+
+BACKENDS = ("pyav", "opencv")
+
+__all__ = [
+    "BACKENDS",
+    "Demuxer",
+    "Packet",
+    "SourceEnded",
+    "SourceError",
+    "SourceTimeout",
+    "VideoInfo",
+    "available_backends",
+    "default_backend",
+    "demuxer_class",
+    "open_stream",
+]
+
+
+def available_backends() -> list[str]:
+    modules = {"pyav": "av", "opencv": "cv2"}
+    return [b for b in BACKENDS if importlib.util.find_spec(modules[b]) is not None]
+
+
+def default_backend() -> str:
+    """``pyav`` when PyAV is installed, else ``opencv``."""
+    found = available_backends()
+    if not found:
+        raise SourceError("no demux backend: install PyAV (av) or opencv-python-headless")
+    return found[0]
+
+
+def demuxer_class(backend: str = "auto") -> Any:
+    """The demuxer class of ``backend`` (``auto``: :func:`default_backend`)."""
+    name = default_backend() if backend == "auto" else backend
+    if name == "pyav":
+        from streamd.sources.pyav import PyAVDemuxer
+
+        return PyAVDemuxer
+    if name == "opencv":
+        from streamd.sources.opencv import OpenCVDemuxer
+
+        return OpenCVDemuxer
+    raise ValueError(f"demux backend: expected one of {', '.join(('auto', *BACKENDS))}, got {backend!r}")
+
+
+def open_stream(cfg: Any, *, annexb: bool = False, backend: str = "auto") -> Demuxer:
+    """Open a configured stream (:class:`~streamd.config.StreamConfig`): a file or an RTSP session."""
+    from streamd.sources.file import open_file
+    from streamd.sources.rtsp import open_rtsp
+
+    timeouts = {
+        "open_timeout_s": cfg.open_timeout_s,
+        "read_timeout_s": min(cfg.read_timeout_s, cfg.stall_timeout_s),
+    }
+    if cfg.is_live:
+        return open_rtsp(cfg.url, transport=cfg.transport, annexb=annexb, backend=backend, **timeouts)
+    return open_file(cfg.path, annexb=annexb, backend=backend, **timeouts)

@@ -1,46 +1,58 @@
-"""Video files (any container FFmpeg reads), demuxed with PyAV."""
+"""Video files (any container FFmpeg reads): open through a demux backend, and pace at the native rate."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+import threading
+import time
 from pathlib import Path
 
-import av
-
-from streamd.sources.base import SourceError, VideoInfo
+from streamd.sources.base import Demuxer, SourceError
 
 
-class FileDemuxer:
-    """Demux the first video stream of a file. Packets come in decode order; non-video packets are skipped."""
+def open_file(
+    path: Path,
+    *,
+    open_timeout_s: float = 10.0,
+    read_timeout_s: float = 5.0,
+    annexb: bool = False,
+    backend: str = "auto",
+) -> Demuxer:
+    """Open a video file; raises SourceError when it is missing, unreadable or has no video stream."""
+    from streamd.sources import demuxer_class
 
-    def __init__(self, path: Path, *, open_timeout_s: float = 10.0, read_timeout_s: float = 5.0) -> None:
-        try:
-            self._container = av.open(os.fspath(path), timeout=(open_timeout_s, read_timeout_s))
-        except (av.FFmpegError, OSError) as exc:
-            raise SourceError(f"cannot open {path}: {exc}") from exc
-        if not self._container.streams.video:
-            self._container.close()
-            raise SourceError(f"{path}: no video stream")
-        self.stream = self._container.streams.video[0]
-        ctx = self.stream.codec_context
-        rate = self.stream.average_rate or self.stream.guessed_rate
-        self.info = VideoInfo(
-            codec=ctx.name,
-            width=ctx.width,
-            height=ctx.height,
-            fps=float(rate) if rate else None,
-            time_base=float(self.stream.time_base or 0.0),
-        )
+    if not path.is_file():
+        raise SourceError(f"{path}: no such file")
+    cls = demuxer_class(backend)
+    return cls(str(path), open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s, annexb=annexb)
 
-    def packets(self) -> Iterator[av.Packet]:
-        try:
-            for packet in self._container.demux(self.stream):
-                if packet.size:  # the final empty packet only signals end of stream
-                    yield packet
-        except av.FFmpegError as exc:
-            # A truncated or damaged file: report it; what was read before still counts.
-            raise SourceError(f"read error: {exc}") from exc
 
-    def close(self) -> None:
-        self._container.close()
+class Pacer:
+    """Releases frames at the stream's own rate: the frame with pts ``p`` is due ``p - p0`` after the first.
+
+    If the consumer falls more than ``max_lag_s`` behind, the schedule restarts from now instead of
+    releasing a burst of late frames (latency must not build up). ``wait`` returns False when ``stop`` is set.
+    """
+
+    def __init__(self, stop: threading.Event, max_lag_s: float = 1.0) -> None:
+        self._stop = stop
+        self._max_lag_s = max_lag_s
+        self._anchor: tuple[float, float] | None = None  # (monotonic time, pts) of the schedule's origin
+
+    def reset(self) -> None:
+        self._anchor = None
+
+    def wait(self, pts: float | None) -> bool:
+        if pts is None:
+            return not self._stop.is_set()
+        now = time.monotonic()
+        if self._anchor is None:
+            self._anchor = (now, pts)
+            return not self._stop.is_set()
+        t0, p0 = self._anchor
+        delay = t0 + (pts - p0) - now
+        if delay < -self._max_lag_s or pts < p0:
+            self._anchor = (now, pts)
+            return not self._stop.is_set()
+        if delay > 0:
+            return not self._stop.wait(delay)
+        return not self._stop.is_set()

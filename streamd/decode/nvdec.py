@@ -1,0 +1,551 @@
+"""NVDEC decoder (PyNvVideoCodec 2.2): Annex-B packets -> NV12 pictures in device memory. Twin of ``cpu.py``.
+
+Design
+- Our context and stream: the device's primary context (shared with the engine and the preprocess kernels)
+  and a stream of our own; the PyNvVideoCodec decoder is created on them with ``usedevicememory=True``.
+  Packets come from our demuxer (timeouts, reconnects) as ``PacketData`` (address and size of the Annex-B
+  buffer, pts); PyNvVideoCodec's own demuxer is never used (it cannot time out).
+- Surface lifetime: PyNvVideoCodec recycles its output buffers within a few ``Decode()`` calls, so every
+  picture is copied, device to device on the decoder's stream, into a buffer of our :class:`SurfacePool` as
+  soon as ``Decode()`` returns, and an event (``ready``) is recorded after the copy. What goes downstream is
+  an :class:`NV12Surface` over the pooled buffer, valid until the consumer releases it. Ordering is by events,
+  never by host synchronisation: the consumer's stream waits on ``ready`` before reading; ``release(stream)``
+  records ``consumed`` on the consumer's stream and the decoder's stream waits on it before the buffer is
+  written again. A surface dropped unread (the stream queue drops frames when the pipeline is behind) goes
+  back to the pool through a finalizer.
+- No pixel crosses PCIe: NVDEC writes device memory, the copy is device to device, consumers read by pointer.
+  (:func:`download_nv12` is a debugging/test helper that does copy to the host.)
+- Resolution changes: the decoder is created with ``maxwidth/maxheight`` at least the opened size and
+  PyNvVideoCodec reconfigures within them; pool buffers follow the decoded size. A change beyond them fails
+  ``Decode()``: after :attr:`RECREATE_AFTER` failures in a row the decoder is recreated (it resumes at the
+  next key frame with its parameter sets).
+- Codecs: H.264 and HEVC, 8-bit 4:2:0. Hopper's NVDEC has no AV1 (``PyNvVCExceptionUnsupported``): AV1 and
+  other codecs use the CPU decoder.
+
+Only this module (and ``streamd/gpu``, ``streamd/engines``) imports CUDA or PyNvVideoCodec, lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from streamd.decode.base import DecodedPicture, DecodeError
+from streamd.sources.base import Packet, VideoInfo
+
+NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
+RECREATE_AFTER = 3  # Decode() failures in a row before the decoder is recreated
+
+
+def nvdec_available(device: int = 0) -> tuple[bool, str]:
+    """Whether PyNvVideoCodec and a CUDA device are usable here, and if not, why."""
+    try:
+        importlib.import_module("PyNvVideoCodec")
+    except Exception as exc:
+        return False, f"PyNvVideoCodec not importable: {type(exc).__name__}: {exc}"
+    from streamd.gpu.cuda import gpu_available
+
+    return gpu_available(device)
+
+
+class _Gpu:
+    """The CUDA side of one decoder (context, stream, events, buffers, copies) on ``streamd.gpu.cuda``.
+
+    One small object so that CPU tests can stand a fake in its place.
+    """
+
+    def __init__(self, device: int) -> None:
+        from streamd.gpu import cuda
+
+        self._cuda = cuda
+        self._drv = cuda.driver()
+        self.device = device
+        self.ctx = cuda.Context(device)
+        self.stream = cuda.Stream(self.ctx)
+        self.context_handle = int(self.ctx.handle)
+        self.stream_handle = self.stream.handle
+        dev = self._drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        self._copies: dict[int, Any] = {}  # one reusable CUDA_MEMCPY2D per destination pointer
+        self._dev_type = dev
+
+    def event(self) -> Any:
+        return self._cuda.Event()
+
+    def alloc(self, nbytes: int) -> Any:
+        return self._cuda.DeviceBuffer(nbytes)
+
+    def record(self, event: Any, stream: Any = None) -> None:
+        """Record ``event`` on ``stream`` (a ``streamd.gpu.cuda.Stream``, a raw handle, or None: ours)."""
+        if stream is None:
+            event.record(self.stream)
+        elif hasattr(stream, "raw"):
+            event.record(stream)
+        else:
+            event.record(self._cuda.Stream.borrow(int(stream), self.ctx))
+
+    def wait(self, event: Any, stream: Any = None) -> None:
+        """Make ``stream`` (default ours) wait for ``event``."""
+        if stream is None:
+            self.stream.wait(event)
+        elif hasattr(stream, "raw"):
+            stream.wait(event)
+        else:
+            self._cuda.Stream.borrow(int(stream), self.ctx).wait(event)
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()
+
+    def copy_plane(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        """Device-to-device 2-D copy of ``rows`` rows of ``width`` bytes, asynchronous on our stream."""
+        m = self._copies.get(dst)
+        if m is None:
+            m = self._copies[dst] = self._drv.CUDA_MEMCPY2D()
+            m.srcMemoryType = self._dev_type
+            m.dstMemoryType = self._dev_type
+        m.srcDevice, m.srcPitch = src, src_pitch
+        m.dstDevice, m.dstPitch = dst, dst_pitch
+        m.WidthInBytes, m.Height = width, rows
+        self._cuda.check(self._drv.cuMemcpy2DAsync(m, self.stream.raw), "cuMemcpy2DAsync")
+
+    def copy_linear(self, dst: int, src: int, nbytes: int) -> None:
+        """Device-to-device copy of ``nbytes`` contiguous bytes, asynchronous on our stream."""
+        self._cuda.check(self._drv.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream.raw), "cuMemcpyDtoDAsync")
+
+    def forget(self, dst: int) -> None:
+        self._copies.pop(dst, None)
+
+    def memory_type(self, ptr: int) -> str:
+        """``device`` | ``host`` | ``array`` | ``unified`` | ``unknown``: where ``ptr`` lives."""
+        drv = self._drv
+        attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+        err, value = drv.cuPointerGetAttribute(attr, ptr)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return "unknown"
+        names = {1: "host", 2: "device", 3: "array", 4: "unified"}
+        return names.get(int(value), "unknown")
+
+    def close_stream(self) -> None:
+        self.stream.synchronize()
+        self.stream.close()
+
+    def release_context(self) -> None:
+        """Drop our retain of the primary context (last: after every buffer and event of ours is freed)."""
+        self.ctx.close()
+
+
+class _Slot:
+    """One pooled NV12 buffer and its two events (see the module docstring)."""
+
+    __slots__ = ("buf", "consumed", "consumed_pending", "height", "pitch", "ptr", "ready", "width")
+
+    def __init__(self, gpu: Any, width: int, height: int, pitch: int) -> None:
+        self.width, self.height, self.pitch = width, height, pitch
+        self.buf = gpu.alloc(pitch * height * 3 // 2)
+        self.ptr = int(self.buf.ptr)
+        self.ready = gpu.event()
+        self.consumed = gpu.event()
+        self.consumed_pending = False
+
+
+class SurfacePool:
+    """Device NV12 buffers of one decoder, reused; at most ``max_slots`` exist at a time.
+
+    ``acquire`` returns a free buffer of the wanted size (allocating up to the limit, replacing buffers of an
+    old size), or waits up to ``timeout_s`` for a release and then returns None (the caller drops and counts
+    the picture: consumers hold every buffer). Thread-safe: consumers release from their own threads.
+    """
+
+    def __init__(self, gpu: Any, max_slots: int = 32) -> None:
+        if max_slots < 2:
+            raise ValueError(f"surface pool: max_slots must be >= 2, got {max_slots}")
+        self._gpu = gpu
+        self.max_slots = max_slots
+        self._cond = threading.Condition()
+        self._free: list[_Slot] = []
+        self._count = 0  # slots in existence (free + held)
+        self._closed = False
+        self._on_empty: Any = None  # called once the pool is closed and its last buffer freed
+
+    @property
+    def size(self) -> int:
+        return self._count
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def acquire(self, width: int, height: int, pitch: int, timeout_s: float) -> _Slot | None:
+        deadline = time.monotonic() + timeout_s
+        slot: _Slot | None = None
+        with self._cond:
+            while slot is None:
+                if self._closed:
+                    raise DecodeError("surface pool is closed")
+                match = next(
+                    (s for s in self._free if (s.width, s.height, s.pitch) == (width, height, pitch)), None
+                )
+                if match is not None:
+                    self._free.remove(match)
+                    slot = match
+                    break
+                if self._free and self._count >= self.max_slots:
+                    self._destroy(self._free.pop(0))  # a buffer of another size: make room
+                    self._count -= 1
+                if self._count < self.max_slots:
+                    self._count += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+        if slot is None:
+            try:
+                slot = _Slot(self._gpu, width, height, pitch)
+            except Exception:
+                with self._cond:
+                    self._count -= 1
+                raise
+        if slot.consumed_pending:  # the last reader's stream must be past its reads before we overwrite
+            self._gpu.wait(slot.consumed)
+            slot.consumed_pending = False
+        return slot
+
+    def release(self, slot: _Slot, stream: Any = None) -> None:
+        """Give ``slot`` back; with ``stream``, after the work already enqueued on that stream."""
+        if stream is not None:
+            self._gpu.record(slot.consumed, stream)
+            slot.consumed_pending = True
+        with self._cond:
+            if self._closed:
+                self._destroy(slot)
+                self._count -= 1
+                self._maybe_empty()
+                return
+            self._free.append(slot)
+            self._cond.notify()
+
+    def _maybe_empty(self) -> None:
+        if self._count == 0 and self._on_empty is not None:
+            on_empty, self._on_empty = self._on_empty, None
+            on_empty()
+
+    def _destroy(self, slot: _Slot) -> None:
+        if slot.consumed_pending:
+            self._gpu.synchronize(slot.consumed)  # a reader may still run: rare path (size change, close)
+        self._gpu.forget(slot.ptr)
+        self._gpu.forget(slot.ptr + slot.pitch * slot.height)
+        slot.buf.close()
+        slot.ready.close()
+        slot.consumed.close()
+
+    def close(self, on_empty: Any = None) -> None:
+        """Free the free buffers now; held ones are freed when their surfaces are released. ``on_empty`` is
+        called (once) when no buffer is left: at once, or at the last release."""
+        with self._cond:
+            self._closed = True
+            self._on_empty = on_empty
+            while self._free:
+                self._destroy(self._free.pop())
+                self._count -= 1
+            self._maybe_empty()
+            self._cond.notify_all()
+
+
+class NV12Surface:
+    """A decoded picture in device memory, NV12 (8-bit 4:2:0), lent from the decoder's :class:`SurfacePool`.
+
+    This is ``Frame.surface`` on the GPU path. Fields:
+
+    - ``luma_ptr`` (int): device address of the Y plane: ``height`` rows of ``pitch`` bytes (``width`` used).
+    - ``chroma_ptr`` (int): device address of the interleaved UV plane: ``height // 2`` rows of ``pitch``
+      bytes, U at even and V at odd bytes (``width`` bytes used per row).
+    - ``pitch`` (int): bytes per row of both planes.
+    - ``width``, ``height`` (int): picture size in pixels.
+    - ``color_matrix`` (``"bt601"`` | ``"bt709"``), ``full_range`` (bool): how to turn YUV into RGB.
+    - ``device`` (int): CUDA device ordinal; ``ready``: event recorded on the decoder's stream after the
+      pixels were written.
+
+    Contract for the consumer: call ``wait(stream)`` before enqueueing reads on ``stream`` and
+    ``release(stream)`` after the last read is enqueued (both only enqueue; neither blocks the host). The
+    pointers are valid until ``release``. A surface that is dropped without ``release`` returns to the pool
+    at once; do that only if nothing that reads it was enqueued.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_finalizer",
+        "_gpu",
+        "_slot",
+        "chroma_ptr",
+        "color_matrix",
+        "device",
+        "full_range",
+        "height",
+        "luma_ptr",
+        "pitch",
+        "ready",
+        "width",
+    )
+
+    def __init__(self, slot: _Slot, pool: SurfacePool, gpu: Any, info: VideoInfo, device: int) -> None:
+        self._slot = slot
+        self._gpu = gpu
+        self.luma_ptr = slot.ptr
+        self.chroma_ptr = slot.ptr + slot.pitch * slot.height
+        self.pitch = slot.pitch
+        self.width = slot.width
+        self.height = slot.height
+        self.color_matrix = info.color_matrix
+        self.full_range = info.full_range
+        self.device = device
+        self.ready = slot.ready
+        self._finalizer = weakref.finalize(self, pool.release, slot, None)
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def wait(self, stream: Any) -> None:
+        """Make ``stream`` (a ``streamd.gpu.cuda.Stream`` or a raw ``CUstream`` int) wait for the pixels."""
+        self._gpu.wait(self.ready, stream)
+
+    def release(self, stream: Any = None) -> None:
+        """Return the buffer once the work enqueued on ``stream`` so far is done (None: nothing reads it).
+
+        Safe to call twice; the surface must not be read after this.
+        """
+        detached = self._finalizer.detach()
+        if detached is not None:
+            _, give_back, (slot, _), _ = detached
+            give_back(slot, stream)
+
+
+class NvdecDecoder:
+    """PyNvVideoCodec decoder fed by our demuxer; yields :class:`NV12Surface` pictures (see module docstring).
+
+    ``pool_size``: most pooled buffers alive at once (pictures not yet released downstream, plus one being
+    written). ``acquire_timeout_s``: how long to wait for a buffer when all are held before dropping the
+    picture (counted in :attr:`dropped`). ``max_width/max_height``: the decoder is created for at least this
+    size (or the stream's, if larger), so a stream that changes size within it is reconfigured in place.
+    """
+
+    name = "nvdec"
+
+    def __init__(
+        self,
+        info: VideoInfo,
+        *,
+        device: int = 0,
+        pool_size: int = 32,
+        acquire_timeout_s: float = 1.0,
+        max_width: int = 1920,
+        max_height: int = 1088,
+        gpu: Any = None,
+        nvc: Any = None,
+    ) -> None:
+        if info.codec not in NVDEC_CODECS:
+            raise DecodeError(
+                f"NVDEC decodes H.264 and HEVC here, not {info.codec!r} (Hopper's NVDEC has no AV1); "
+                "use the CPU decoder for this stream"
+            )
+        if not info.annexb:
+            raise DecodeError("NVDEC needs Annex-B packets: open the source with annexb=True")
+        try:
+            self._nvc = nvc if nvc is not None else importlib.import_module("PyNvVideoCodec")
+            self._gpu = gpu if gpu is not None else _Gpu(device)
+        except Exception as exc:  # ImportError, OSError (driver libraries), CUDAError
+            raise DecodeError(f"NVDEC is not available here: {type(exc).__name__}: {exc}") from None
+        self.info = info
+        self.device = device
+        self.pool = SurfacePool(self._gpu, pool_size)
+        self._acquire_timeout_s = acquire_timeout_s
+        self._max = (max(max_width, info.width), max(max_height, info.height))
+        self._layout: dict[tuple[int, int], tuple[int, int]] = {}  # (w, h) -> (source pitch, chroma offset)
+        self._wait_on = True  # DecodedFrame.WaitOnCUStream usable
+        self.source_memory = "unknown"  # where PyNvVideoCodec's output lives (device, checked at first frame)
+        self.skipped = 0  # NVDEC reports no per-picture corruption through PyNvVideoCodec
+        self.dropped = 0  # pictures dropped because every pooled buffer was held downstream
+        self.recreated = 0
+        self._errors_in_row = 0
+        self._dec: Any = None
+        self._closed = False
+        self._create()
+
+    # -- decoder lifecycle -------------------------------------------------------------------------------
+    def _create(self) -> None:
+        nvc = self._nvc
+        try:
+            self._dec = nvc.CreateDecoder(
+                gpuid=self.device,
+                codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[self.info.codec]),
+                cudacontext=self._gpu.context_handle,
+                cudastream=self._gpu.stream_handle,
+                usedevicememory=True,
+                maxwidth=self._max[0],
+                maxheight=self._max[1],
+            )
+        except Exception as exc:
+            raise DecodeError(f"cannot create the NVDEC decoder for {self.info.codec}: {exc}") from None
+        self._send_extradata = bool(self.info.extradata)
+        self._flushed = False
+
+    def _recreate(self, *, grow: bool) -> None:
+        """A fresh decoder (after a flush, or after failures: then with twice the size headroom, in case the
+        stream grew past it). It starts decoding at the next key frame."""
+        self._dec = None
+        if grow:
+            self._max = (min(8192, 2 * self._max[0]), min(8192, 2 * self._max[1]))
+            self.recreated += 1
+        self._layout.clear()
+        self._create()
+
+    # -- decoding ----------------------------------------------------------------------------------------
+    def decode(self, packet: Packet) -> list[DecodedPicture]:
+        if self._flushed:
+            self._recreate(grow=False)
+        view = packet.view()
+        if self._send_extradata:  # parameter sets first (RTSP sends them out of band, in the SDP)
+            view = np.concatenate((np.frombuffer(self.info.extradata, np.uint8), view))
+            self._send_extradata = False
+        pd = self._nvc.PacketData()
+        pd.bsl_data = int(view.ctypes.data)
+        pd.bsl = int(view.size)
+        if packet.pts is not None:
+            pd.pts = int(packet.pts)
+        return self._run(pd)  # `view` stays referenced until Decode() has parsed it
+
+    def flush(self) -> list[DecodedPicture]:
+        """Pictures still in the decoder at the end of the stream; the next ``decode`` starts a new one."""
+        if self._flushed or self._dec is None:
+            return []
+        pd = self._nvc.PacketData()
+        pd.bsl_data = 0
+        pd.bsl = 0
+        pd.decode_flag = self._nvc.VideoPacketFlag.ENDOFSTREAM
+        out = self._run(pd)
+        self._flushed = True
+        return out
+
+    def _run(self, pd: Any) -> list[DecodedPicture]:
+        try:
+            frames = self._dec.Decode(pd)
+        except Exception as exc:
+            self._errors_in_row += 1
+            if self._errors_in_row >= RECREATE_AFTER:
+                self._errors_in_row = 0
+                self._recreate(grow=True)
+            raise DecodeError(f"NVDEC could not decode a packet ({type(exc).__name__}: {exc})") from None
+        self._errors_in_row = 0
+        return [pic for pic in map(self._take, frames) if pic is not None]
+
+    def _take(self, frame: Any) -> DecodedPicture | None:
+        """Copy one PyNvVideoCodec frame into a pooled buffer before PyNvVideoCodec recycles it."""
+        width, height = self._size(frame)
+        src_pitch, chroma_off = self._plane_layout(frame, width, height)
+        slot = self.pool.acquire(width, height, src_pitch, self._acquire_timeout_s)
+        if slot is None:
+            self.dropped += 1
+            return None
+        if self._wait_on:  # order our stream after PyNvVideoCodec's post-processing of this frame
+            try:
+                frame.WaitOnCUStream(self._gpu.stream_handle)
+            except Exception:
+                self._wait_on = False
+        luma = int(frame.GetPtrToPlane(0))
+        gpu = self._gpu
+        if chroma_off == src_pitch * height:  # Y then UV in one block, as in our buffer: one copy
+            gpu.copy_linear(slot.ptr, luma, src_pitch * height * 3 // 2)
+        else:
+            gpu.copy_plane(slot.ptr, slot.pitch, luma, src_pitch, width, height)
+            uv = slot.ptr + slot.pitch * height
+            gpu.copy_plane(uv, slot.pitch, luma + chroma_off, src_pitch, width, height // 2)
+        gpu.record(slot.ready)
+        pts = self._pts(frame)
+        surface = NV12Surface(slot, self.pool, gpu, self.info, self.device)
+        return DecodedPicture(pts, width, height, surface=surface)
+
+    def _size(self, frame: Any) -> tuple[int, int]:
+        """(width, height) of this picture: its NV12 ``shape`` is (H * 3 / 2, W). Per frame, because one
+        ``Decode()`` can return pictures from both sides of a size change; else the decoder's current size."""
+        try:
+            rows, width = frame.shape[:2]
+            return int(width), int(rows) * 2 // 3
+        except Exception:
+            try:
+                return int(self._dec.GetWidth()), int(self._dec.GetHeight())
+            except Exception:
+                return self.info.width, self.info.height
+
+    def _plane_layout(self, frame: Any, width: int, height: int) -> tuple[int, int]:
+        """(pitch, chroma offset from the Y plane) of PyNvVideoCodec's NV12 output, learnt once per size.
+
+        From the frame's CUDA array interface when it is readable; else the documented layout (pitch =
+        width, UV right after Y).
+        """
+        key = (width, height)
+        layout = self._layout.get(key)
+        if layout is None:
+            layout = (width, width * height)
+            self.source_memory = self._gpu.memory_type(int(frame.GetPtrToPlane(0)))
+            try:
+                views = frame.cuda()
+                luma = int(views[0].__cuda_array_interface__["data"][0])
+                cai = views[1].__cuda_array_interface__
+                strides = cai.get("strides") or ()
+                pitch = int(strides[0]) if strides else width
+                if pitch >= width:
+                    layout = (pitch, int(cai["data"][0]) - luma)
+            except Exception:
+                pass
+            self._layout[key] = layout
+        return layout
+
+    def _pts(self, frame: Any) -> float | None:
+        if not self.info.time_base:
+            return None
+        get = getattr(frame, "getPTS", None)
+        raw = get() if get is not None else getattr(frame, "timestamp", None)
+        return None if raw is None else float(raw) * self.info.time_base
+
+    def close(self) -> None:
+        """Release the decoder, the free pooled buffers, the stream and the context (safe to call twice).
+
+        Surfaces still held downstream stay valid; their buffers are freed when they are released, and our
+        retain of the context is dropped only after that, so no handle of ours outlives its context.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._dec = None  # PyNvVideoCodec's decoder goes first (its surfaces, its use of our stream)
+        self._gpu.close_stream()
+        self.pool.close(on_empty=self._gpu.release_context)
+
+
+def download_nv12(surface: NV12Surface) -> np.ndarray:
+    """Debug/test helper: the surface's NV12 pixels on the host, shape (H * 3 // 2, W) uint8.
+
+    This is the one place that moves pixels over PCIe; the decode path never calls it.
+    """
+    from streamd.gpu import cuda
+
+    drv = cuda.driver()
+    out = np.empty((surface.height * 3 // 2, surface.width), np.uint8)
+    surface.ready.synchronize()
+    planes = (
+        (0, surface.luma_ptr, surface.height),
+        (surface.height, surface.chroma_ptr, surface.height // 2),
+    )
+    for dst_row, src, rows in planes:
+        m = drv.CUDA_MEMCPY2D()
+        m.srcMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        m.srcDevice, m.srcPitch = src, surface.pitch
+        m.dstMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_HOST
+        m.dstHost, m.dstPitch = out[dst_row:].ctypes.data, surface.width
+        m.WidthInBytes, m.Height = surface.width, rows
+        cuda.check(drv.cuMemcpy2D(m), "cuMemcpy2D")
+    return out

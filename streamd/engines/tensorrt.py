@@ -1,0 +1,329 @@
+"""TensorRT engine (10.x and 11.x): ONNX -> cached plan -> execution context run on the caller's stream.
+
+Load path: prepare the ONNX (``trt_build.prepare_model``), compute the cache key, deserialize the cached plan
+from ``<cache_dir>/engines`` or build it (minutes; progress via ``IProgressMonitor``, systemd kept informed),
+then one execution context. A cached plan that fails to deserialize (a driver or TensorRT update the key did
+not catch, a truncated file) is deleted and rebuilt once.
+
+Run path (``enqueue``): ``set_input_shape`` when the batch changes, ``set_tensor_address`` for the caller's
+slot buffers, ``execute_async_v3`` on the caller's stream. With ``cuda_graphs`` the first call for a (batch,
+input, output) triple runs normally, then captures the same call into a CUDA graph; later calls launch the
+graph. The context's device memory is shared by all calls, so the engine orders its calls with one event.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from streamd.engines import trt_build
+from streamd.engines._cuda import CudaApi
+from streamd.engines.base import EngineError
+from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
+from streamd.engines.progress import BuildProgress, Fanout, LogProgress, SystemdKeepalive
+from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPHS = 512  # captured (batch, input, output) triples kept; the oldest is dropped beyond that
+
+
+def load_tensorrt() -> TensorRTModule:
+    try:
+        module = importlib.import_module("tensorrt")
+    except ImportError as exc:
+        raise EngineError(
+            "engine.type tensorrt: the tensorrt Python package is not installed (pip install "
+            f"tensorrt-cu12 or tensorrt-cu13, matching your CUDA driver): {exc}"
+        ) from exc
+    return cast(TensorRTModule, module)
+
+
+def numpy_dtype(trt: TensorRTModule, dtype: Any) -> np.dtype:
+    table = [
+        (trt.DataType.FLOAT, np.float32),
+        (trt.DataType.HALF, np.float16),
+        (trt.DataType.INT8, np.int8),
+        (trt.DataType.INT32, np.int32),
+        (trt.DataType.INT64, np.int64),
+        (trt.DataType.BOOL, np.bool_),
+        (trt.DataType.UINT8, np.uint8),
+    ]
+    for member, np_type in table:
+        if dtype == member:
+            return np.dtype(np_type)
+    raise EngineError(f"tensorrt: I/O tensor type {dtype} has no numpy equivalent (use FP32 or FP16 I/O)")
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    path: Path
+    key: CacheKey
+    prepared: trt_build.PreparedModel
+    built: bool  # False: loaded from the cache
+
+
+def ensure_plan(
+    trt: TensorRTModule,
+    cuda: CudaApi,
+    model_path: Path,
+    options: trt_build.BuildOptions,
+    *,
+    device: int = 0,
+    cache_dir: Path | None = None,
+    logger: Any = None,
+    progress: BuildProgress | None = None,
+    rebuild: bool = False,
+) -> tuple[PlanInfo, bytes]:
+    """The plan for ``model_path`` from the cache, or built now and cached (what ``build-engine`` runs)."""
+    major, _ = trt_build.trt_version(trt)
+    gpu = cuda.device_info(device)
+    prep = trt_build.prepare_model(model_path, options, major, cache_dir)
+    key = trt_build.cache_key(trt, gpu, prep, options)
+    label = f"trt{trt.__version__}-{options.precision}-b{prep.max_batch}"
+    path = engines_dir(cache_dir) / f"{key.file_stem(model_path, label)}.plan"
+    if path.is_file() and not rebuild:
+        log.info("TensorRT: cached engine %s", path)
+        return PlanInfo(path, key, prep, built=False), path.read_bytes()
+    log.info(
+        "TensorRT %s: building %s for %s (%s, max batch %d); this takes minutes the first time",
+        trt.__version__, model_path.name, gpu[0], prep.precision_recipe, prep.max_batch,
+    )  # fmt: skip
+    logger = logger if logger is not None else trt_build.make_logger(trt)
+    timing = trt_build.timing_cache_path(trt, gpu, cache_dir) if options.timing_cache else None
+    plan = trt_build.build_plan(trt, prep, options, logger, timing, progress)
+    atomic_write(path, plan)
+    write_sidecar(path, key, {"model": str(model_path), "prepared_onnx": str(prep.path)})
+    return PlanInfo(path, key, prep, built=True), plan
+
+
+class TensorRTEngine:
+    """TensorRT on the GPU. Options beyond ``create_engine``'s: ``opt_batch``, ``workspace_mb``,
+    ``optimization_level``, ``rebuild`` (ignore the cache), ``progress`` (a ``BuildProgress``), ``cancel`` (a
+    ``threading.Event`` that cancels a build), ``cuda_api`` (a ``CudaApi``; tests pass a fake)."""
+
+    on_device = True
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        max_batch: int,
+        precision: str = "fp16",
+        threads: int = 0,
+        device: int = 0,
+        cache_dir: Path | None = None,
+        cuda_graphs: bool = True,
+        opt_batch: int | None = None,
+        workspace_mb: int | None = None,
+        optimization_level: int = 3,
+        rebuild: bool = False,
+        progress: BuildProgress | None = None,
+        cancel: threading.Event | None = None,
+        cuda_api: CudaApi | None = None,
+        **_: Any,
+    ) -> None:
+        self._closed = True  # until everything below exists
+        self.trt = trt = load_tensorrt()
+        self._own_cuda: Any = None
+        if cuda_api is None:
+            from streamd.engines._cuda import DriverCuda
+
+            cuda_api = self._own_cuda = DriverCuda(device)
+        self.cuda: CudaApi = cuda_api
+        self.device = device
+        self.cuda_graphs = cuda_graphs
+        self.logger = trt_build.make_logger(trt)
+        options = trt_build.BuildOptions(
+            max_batch=max_batch,
+            precision=precision,
+            opt_batch=opt_batch,
+            workspace_bytes=(workspace_mb << 20) if workspace_mb else trt_build.DEFAULT_WORKSPACE,
+            optimization_level=optimization_level,
+        )
+        if progress is None:
+            progress = Fanout(LogProgress(cancel), SystemdKeepalive())
+        plan_args = dict(device=device, cache_dir=cache_dir, logger=self.logger, progress=progress)
+        self.plan, data = ensure_plan(trt, self.cuda, model_path, options, rebuild=rebuild, **plan_args)
+        self._runtime = trt.Runtime(self.logger)
+        engine = self._deserialize(data)
+        if engine is None and not self.plan.built:
+            log.warning("TensorRT: cached engine %s does not deserialize; rebuilding it", self.plan.path)
+            discard(self.plan.path)
+            self.plan, data = ensure_plan(trt, self.cuda, model_path, options, rebuild=True, **plan_args)
+            engine = self._deserialize(data)
+        if engine is None:
+            detail = "; ".join(self.logger.errors) or "no detail from TensorRT"
+            raise EngineError(f"TensorRT cannot deserialize the engine it built ({self.plan.path}): {detail}")
+        self.engine: ICudaEngine = engine
+        context = engine.create_execution_context()
+        if context is None:
+            raise EngineError(
+                f"TensorRT: cannot create an execution context for {self.plan.path} (GPU memory?)"
+            )
+        self.context: IExecutionContext = context
+        self._inspect_io()
+        self.name = f"tensorrt-{trt.__version__}-{precision}"
+        self._bound: tuple[int, int, int] | None = None  # (batch, input ptr, output ptr) set on the context
+        self._graphs: dict[tuple[int, int, int], int] = {}
+        self._graph_failed: set[tuple[int, int]] = set()  # (batch, stream): capture does not work there
+        self._lock = threading.Lock()
+        self._done = self.cuda.event_create()
+        self._last_stream: int | None = None
+        self._closed = False
+        log.info(
+            "TensorRT: %s ready (%s), context memory %.0f MiB",
+            self.plan.path.name, self.plan.prepared.precision_recipe,
+            trt_build.device_memory(trt, engine) / 2**20,
+        )  # fmt: skip
+
+    def _deserialize(self, data: bytes) -> ICudaEngine | None:
+        try:
+            return self._runtime.deserialize_cuda_engine(data)
+        except Exception as exc:  # some versions raise instead of returning None
+            log.warning("TensorRT: deserialize failed: %s", exc)
+            return None
+
+    def _inspect_io(self) -> None:
+        trt, engine = self.trt, self.engine
+        inputs: list[str] = []
+        outputs: list[str] = []
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            (inputs if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT else outputs).append(name)
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise EngineError(
+                f"TensorRT engine {self.plan.path}: expected 1 input and 1 output, got {inputs}, {outputs}"
+            )
+        self.input_name, self.output_name = inputs[0], outputs[0]
+        self.input_dtype = numpy_dtype(trt, engine.get_tensor_dtype(self.input_name))
+        self.output_dtype = numpy_dtype(trt, engine.get_tensor_dtype(self.output_name))
+        shape = tuple(engine.get_tensor_shape(self.input_name))
+        c, h, w = (int(d) for d in shape[1:])
+        self.input_shape = (c, h, w)
+        if shape[0] == -1:
+            self.max_batch = int(engine.get_tensor_profile_shape(self.input_name, 0)[2][0])
+        else:
+            self.max_batch = int(shape[0])
+        self.min_batch = 1 if shape[0] == -1 else self.max_batch
+        self.context.set_input_shape(self.input_name, (self.min_batch, c, h, w))
+        out = tuple(int(d) for d in self.context.get_tensor_shape(self.output_name))
+        if any(d < 0 for d in out):
+            raise EngineError(f"TensorRT engine {self.plan.path}: output shape {out} is data-dependent")
+        self.output_shape = (1, *out[1:])
+
+    # -- run -------------------------------------------------------------------------------------------------
+
+    def _bind(self, batch: int, input_ptr: int, output_ptr: int) -> None:
+        if self._bound == (batch, input_ptr, output_ptr):
+            return
+        c, h, w = self.input_shape
+        ctx = self.context
+        new_shape = self._bound is None or self._bound[0] != batch
+        if new_shape and not ctx.set_input_shape(self.input_name, (batch, c, h, w)):
+            raise EngineError(f"TensorRT: input shape {(batch, c, h, w)} is outside the engine's profile")
+        if not ctx.set_tensor_address(self.input_name, input_ptr) or not ctx.set_tensor_address(
+            self.output_name, output_ptr
+        ):
+            raise EngineError(
+                "TensorRT: set_tensor_address refused the buffers (misaligned or null pointer?)"
+            )
+        self._bound = (batch, input_ptr, output_ptr)
+
+    def _execute(self, stream: int) -> None:
+        if not self.context.execute_async_v3(stream):
+            detail = "; ".join(self.logger.errors) or "see the TensorRT log"
+            raise EngineError(f"TensorRT: execute_async_v3 failed: {detail}")
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+        self._enqueue(input_ptr, output_ptr, batch, stream, self.cuda_graphs)
+
+    def _enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int, graphs: bool) -> None:
+        if self._closed:
+            raise EngineError("TensorRT engine used after close()")
+        if not self.min_batch <= batch <= self.max_batch:
+            raise EngineError(
+                f"TensorRT: batch {batch} outside the engine's range {self.min_batch}..{self.max_batch}"
+            )
+        cuda = self.cuda
+        with self._lock:
+            if self._last_stream is not None and self._last_stream != stream:
+                cuda.stream_wait_event(
+                    stream, self._done
+                )  # the previous call (other stream) used the context
+            key = (batch, input_ptr, output_ptr)
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._bind(*key)  # host-side context state as at capture (a no-op when unchanged)
+                cuda.graph_launch(graph, stream)
+            else:
+                self._bind(batch, input_ptr, output_ptr)
+                self._execute(stream)  # also the warm-up TensorRT needs after a shape change, before capture
+                if graphs and (batch, stream) not in self._graph_failed:
+                    self._capture(key, stream)
+            cuda.event_record(self._done, stream)
+            self._last_stream = stream
+
+    def _capture(self, key: tuple[int, int, int], stream: int) -> None:
+        cuda = self.cuda
+        try:
+            cuda.begin_capture(stream)
+        except EngineError as exc:
+            log.warning(
+                "TensorRT: no CUDA graph for batch %d on this stream (%s); running without", key[0], exc
+            )
+            self._graph_failed.add((key[0], stream))
+            return
+        try:
+            self._execute(stream)
+            graph = cuda.end_capture(stream)
+        except EngineError as exc:
+            cuda.abort_capture(stream)
+            log.warning("TensorRT: CUDA graph capture failed for batch %d (%s); running without", key[0], exc)
+            self._graph_failed.add((key[0], stream))
+            return
+        if len(self._graphs) >= MAX_GRAPHS:
+            oldest = next(iter(self._graphs))
+            cuda.graph_destroy(self._graphs.pop(oldest))
+        self._graphs[key] = graph
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Host round trip (tests and tools): copy in, enqueue on a private stream, wait, copy out."""
+        n = len(batch)
+        x = np.ascontiguousarray(batch, dtype=self.input_dtype)
+        out = np.empty((n, *self.output_shape[1:]), self.output_dtype)
+        cuda = self.cuda
+        stream = cuda.stream_create()
+        d_in = cuda.mem_alloc(x.nbytes)
+        d_out = cuda.mem_alloc(out.nbytes)
+        try:
+            cuda.copy_to_device(d_in, x)
+            self._enqueue(d_in, d_out, n, stream, graphs=False)  # one-off buffers: no graph
+            cuda.stream_synchronize(stream)
+            cuda.copy_to_host(out, d_out)
+        finally:
+            with self._lock:
+                self._bound = None  # the context must not keep addresses that are about to be freed
+            cuda.mem_free(d_in)
+            cuda.mem_free(d_out)
+            cuda.stream_destroy(stream)
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for graph in self._graphs.values():
+            self.cuda.graph_destroy(graph)
+        self._graphs.clear()
+        self.cuda.event_destroy(self._done)
+        del self.context
+        del self.engine
+        if self._own_cuda is not None:
+            self._own_cuda.close()

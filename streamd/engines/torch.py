@@ -1,0 +1,363 @@
+"""torch engine: the ONNX model converted with onnx2torch, run on the caller's CUDA stream (the GPU engine
+where TensorRT is not available).
+
+Conversion (``convert_model``): fixed batch 1 made dynamic when provably equivalent, onnxslim (if installed)
+folds Pads, ScatterND, Casts and shape arithmetic into constants, onnx2torch builds an ``fx.GraphModule``.
+Placement (``place``): weights on the GPU (FP16 with ``precision: fp16``, optionally channels-last), but the
+small integer/shape constants that converted ops read with ``.tolist()`` (Reshape shapes, Resize scales, Pad
+pads, Split sizes, ...) stay on the host: reading them then needs no device-to-host copy, which is what lets a
+CUDA graph capture the forward pass. Input and output stay FP32 whatever the precision.
+
+Run (``enqueue``): the caller's device pointers are wrapped as tensors (``__cuda_array_interface__``, no
+copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream and writes the output
+in place. With ``cuda_graphs`` the first call for a (batch, input, output) triple runs eagerly (also cuDNN's
+autotuning warm-up) and captures the same call; later calls replay the graph. All graphs share one memory
+pool, which is safe because the engine orders its calls with one event (they never overlap on the GPU).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamd.engines import onnx_tools
+from streamd.engines.base import EngineError
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPHS = 512
+
+# onnx2torch module class -> argument positions it reads on the host (.tolist(), .item(), iteration).
+HOST_ARGS: dict[str, tuple[int, ...]] = {
+    "OnnxReshape": (1,),
+    "OnnxResize": (1, 2, 3),
+    "OnnxResizeV10": (1,),
+    "OnnxPadDynamic": (1, 2),
+    "OnnxSplit13": (1,),
+    "OnnxSlice": (1, 2, 3, 4),
+    "OnnxUnsqueezeDynamicAxes": (1,),
+    "OnnxSqueezeDynamicAxes": (1,),
+    "OnnxExpand": (1,),
+    "OnnxTile": (1,),
+    "OnnxReduceSumDynamicAxes": (1,),
+    "OnnxConstantOfShape": (0,),
+    "OnnxScatterND": (1,),
+    "OnnxRange": (0, 1, 2),
+    "OnnxTopK": (1,),
+    "OnnxCumSum": (1,),
+}
+
+
+def convert_model(model_path: Path, max_batch: int) -> tuple[Any, onnx_tools.ModelIO, tuple[str, ...]]:
+    """ONNX file -> (fx.GraphModule on the CPU in FP32, its I/O, the preparation steps applied)."""
+    model = onnx_tools.load(model_path)
+    io = onnx_tools.model_io(model, model_path)
+    steps: list[str] = []
+    if io.batch == 1 and max_batch > 1:
+        dynamic = onnx_tools.make_batch_dynamic(model)
+        if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
+            model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
+            steps.append(onnx_tools.DYNAMIC_BATCH_RECIPE)
+    model, recipe = onnx_tools.slim(model)
+    if recipe:
+        steps.append(recipe)
+    else:
+        log.info("torch engine: onnxslim not installed; converting %s unsimplified", model_path.name)
+    try:
+        import onnx2torch
+    except ImportError as exc:
+        raise EngineError(
+            f"engine.type torch needs onnx2torch (pip install 'streamd[torch]'): {exc}"
+        ) from exc
+    try:
+        module = onnx2torch.convert(model)
+    except Exception as exc:  # NotImplementedError for unsupported ops, and others
+        raise EngineError(f"onnx2torch cannot convert {model_path}: {exc}") from exc
+    return module.eval(), io, tuple(steps)
+
+
+def _positions(node: Any, user: Any, module: Any) -> list[int]:
+    """Argument positions at which fx node ``user`` (a call_module) receives ``node``."""
+    positions = [i for i, a in enumerate(user.args) if a is node]
+    if any(v is node for v in user.kwargs.values()):
+        names = list(inspect.signature(module.forward).parameters)
+        positions += [names.index(k) for k, v in user.kwargs.items() if v is node and k in names]
+    return positions
+
+
+class _HostShape:
+    """Factory for a torch module returning ``x.shape[start:end]`` as a host int64 tensor (onnx2torch's
+    OnnxShape puts it on the GPU, where the ops reading it would have to copy it back)."""
+
+    @staticmethod
+    def make(start: int, end: int | None) -> Any:
+        import torch
+
+        class HostShape(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.tensor(x.shape[start:end], dtype=torch.int64)
+
+        return HostShape()
+
+
+def keep_constants_on_host(module: Any) -> list[str]:
+    """Move the constants that converted ops read on the host back to the CPU; returns what was moved.
+
+    A constant used both on the host and on the device gets a host copy for the host uses.
+    """
+    import torch
+
+    moved: list[str] = []
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        host_users: list[Any] = []
+        device_users: list[Any] = []
+        for user in node.users:
+            sub = module.get_submodule(user.target) if user.op == "call_module" else None
+            wanted = HOST_ARGS.get(type(sub).__name__, ()) if sub is not None else ()
+            positions = _positions(node, user, sub) if sub is not None else [-1]
+            (host_users if positions and all(p in wanted for p in positions) else device_users).append(user)
+        if not host_users:
+            continue
+        owner_name, _, attr = node.target.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        value = getattr(owner, attr)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if device_users:
+            host_attr = f"{attr}_host"
+            owner.register_buffer(host_attr, value.detach().cpu())
+            with graph.inserting_after(node):
+                host_node = graph.get_attr(f"{owner_name}.{host_attr}" if owner_name else host_attr)
+            for user in host_users:
+                user.replace_input_with(node, host_node)
+            moved.append(f"{node.target} (host copy)")
+        else:
+            owner._buffers[attr] = value.detach().cpu()
+            moved.append(node.target)
+    for name, sub in list(module.named_modules()):
+        kind = type(sub).__name__
+        if kind == "OnnxConstantOfShape" and isinstance(getattr(sub, "value", None), torch.Tensor):
+            sub._buffers["value"] = sub.value.cpu()
+            moved.append(f"{name}.value")
+        elif kind == "OnnxShape" and name:
+            parent_name, _, child = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, child, _HostShape.make(getattr(sub, "_start", 0), getattr(sub, "_end", None)))
+            moved.append(f"{name} (Shape)")
+    graph.lint()
+    module.recompile()
+    return moved
+
+
+def place(module: Any, device: Any, half: bool, channels_last: bool, host_constants: bool = True) -> Any:
+    """Move ``module`` to ``device`` (FP16 if ``half``; channels-last weights if asked), constants per
+    above."""
+    import torch
+
+    module = module.to(device)
+    if half:
+        module = module.half()
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    if host_constants and device.type == "cuda":
+        moved = keep_constants_on_host(module)
+        log.debug("torch engine: kept on the host: %s", ", ".join(moved) or "nothing")
+    return module
+
+
+class _CudaArray:
+    """A device buffer we do not own, shaped for torch.as_tensor (no copy, no stream synchronisation)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "data": (ptr, False),
+            "version": 2,
+        }
+
+
+class TorchEngine:
+    """Options beyond ``create_engine``'s: ``channels_last`` (default True), ``cudnn_benchmark`` (default
+    True, process-wide), ``tf32`` (default True: FP32 convolutions may use TF32, as TensorRT does),
+    ``device`` may be ``"cpu"`` (a host engine, for tests)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        max_batch: int,
+        precision: str = "fp16",
+        threads: int = 0,
+        device: int | str = 0,
+        cuda_graphs: bool = True,
+        channels_last: bool = True,
+        cudnn_benchmark: bool = True,
+        tf32: bool = True,
+        **_: Any,
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        self._closed = True
+        if precision == "int8":
+            raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model")
+        on_cpu = device == "cpu"
+        if not on_cpu and not torch.cuda.is_available():
+            raise EngineError("engine.type torch: torch sees no CUDA device (use onnxruntime on the CPU)")
+        self.device = torch.device("cpu") if on_cpu else torch.device("cuda", int(device))
+        self.on_device = not on_cpu
+        self.half = precision == "fp16" and not on_cpu
+        self.channels_last = channels_last and not on_cpu
+        self.cuda_graphs = cuda_graphs and not on_cpu
+        if on_cpu and threads:
+            torch.set_num_threads(threads)
+        if not on_cpu:
+            torch.backends.cudnn.benchmark = cudnn_benchmark
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        cpu_module, io, self.steps = convert_model(model_path, max_batch)
+        self.input_shape = io.chw
+        self.input_dtype = np.dtype(np.float32)
+        self.output_dtype = np.dtype(np.float32)
+        self.max_batch = max_batch if io.batch is None else min(max_batch, io.batch)
+        self._compute_dtype = torch.float16 if self.half else torch.float32
+        self.name = f"torch-{'cpu' if on_cpu else 'cuda'}-{'fp16' if self.half else 'fp32'}"
+        probe = torch.from_numpy(np.random.default_rng(0).standard_normal((1, *self.input_shape), np.float32))
+        self.module = place(cpu_module, self.device, self.half, self.channels_last)
+        try:
+            out = self._forward(probe.to(self.device))
+        except RuntimeError as exc:  # a constant kept on the host meets a device op: keep all on the device
+            log.warning("torch engine: host shape constants do not fit this model (%s); no CUDA graphs", exc)
+            self.cuda_graphs = False
+            fresh = convert_model(model_path, max_batch)[0]
+            self.module = place(fresh, self.device, self.half, self.channels_last, host_constants=False)
+            out = self._forward(probe.to(self.device))
+        self.output_shape = tuple(int(d) for d in out.shape)
+        self._lock = threading.Lock()
+        self._graphs: dict[tuple[int, int, int], Any] = {}
+        self._graph_failed: set[int] = set()  # batch sizes whose capture failed
+        self._streams: dict[int, Any] = {}
+        self._views: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._last_stream: int | None = None
+        self._staging: tuple[Any, Any, Any] | None = None
+        if self.on_device:
+            self._done = torch.cuda.Event()
+            self._pool = torch.cuda.graph_pool_handle()
+        self._closed = False
+
+    # -- compute ---------------------------------------------------------------------------------------------
+
+    def _forward(self, x: Any) -> Any:
+        torch = self._torch
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        with torch.inference_mode():
+            return self.module(x.to(dtype=self._compute_dtype, memory_format=fmt))
+
+    def _run(self, x: Any, y: Any) -> None:
+        out = self._forward(x)
+        with self._torch.inference_mode():
+            y.copy_(out)
+
+    def _view(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        key = (ptr, shape)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 4 * MAX_GRAPHS:
+                self._views.clear()
+            view = self._torch.as_tensor(_CudaArray(ptr, shape, dtype), device=self.device)
+            self._views[key] = view
+        return view
+
+    def _stream(self, handle: int) -> Any:
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = self._torch.cuda.ExternalStream(handle, device=self.device)
+        return stream
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+        if self._closed:
+            raise EngineError("torch engine used after close()")
+        if not self.on_device:
+            raise EngineError("torch engine on the CPU is a host engine: use infer()")
+        if not 1 <= batch <= self.max_batch:
+            raise EngineError(f"torch engine: batch {batch} outside 1..{self.max_batch}")
+        torch = self._torch
+        key = (batch, input_ptr, output_ptr)
+        with self._lock:
+            ext = self._stream(stream)
+            with torch.cuda.device(self.device), torch.cuda.stream(ext):
+                if self._last_stream is not None and self._last_stream != stream:
+                    ext.wait_event(self._done)
+                graph = self._graphs.get(key)
+                if graph is not None:
+                    graph.replay()
+                else:
+                    x = self._view(input_ptr, (batch, *self.input_shape), self.input_dtype)
+                    y = self._view(output_ptr, (batch, *self.output_shape[1:]), self.output_dtype)
+                    self._run(x, y)  # the result of this call, and the warm-up before capture
+                    if self.cuda_graphs and batch not in self._graph_failed:
+                        self._capture(key, x, y)
+                self._done.record(ext)
+            self._last_stream = stream
+
+    def _capture(self, key: tuple[int, int, int], x: Any, y: Any) -> None:
+        torch = self._torch
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._run(x, y)
+        except Exception as exc:  # torch raises RuntimeError for ops that cannot be captured
+            log.warning(
+                "torch engine: CUDA graph capture failed for batch %d (%s); running eagerly", key[0], exc
+            )
+            self._graph_failed.add(key[0])
+            return
+        if len(self._graphs) >= MAX_GRAPHS:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = graph
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Host arrays in and out. On the GPU: staged through max-batch device buffers and ``enqueue`` on a
+        private stream (the pipeline's code path, graphs included), then waited for."""
+        torch = self._torch
+        n = len(batch)
+        if not 1 <= n <= self.max_batch:
+            raise EngineError(f"torch engine: batch {n} outside 1..{self.max_batch}")
+        x = torch.from_numpy(np.ascontiguousarray(batch, dtype=self.input_dtype))
+        if not self.on_device:
+            return self._forward(x).float().numpy()
+        with self._lock:
+            if self._staging is None:
+                d_in = torch.empty(
+                    (self.max_batch, *self.input_shape), dtype=torch.float32, device=self.device
+                )
+                d_out = torch.empty(
+                    (self.max_batch, *self.output_shape[1:]), dtype=torch.float32, device=self.device
+                )
+                self._staging = (d_in, d_out, torch.cuda.Stream(self.device))
+        d_in, d_out, stream = self._staging
+        with torch.cuda.stream(stream):
+            d_in[:n].copy_(x, non_blocking=False)
+            self.enqueue(d_in.data_ptr(), d_out.data_ptr(), n, stream.cuda_stream)
+            out = d_out[:n].cpu()
+        stream.synchronize()
+        return out.numpy()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._graphs.clear()
+        self._views.clear()
+        self._streams.clear()
+        self._staging = None
+        self.module = None

@@ -1,0 +1,159 @@
+"""OpenCV demux backend: FFmpeg inside opencv-python in raw-packet mode, for machines without PyAV.
+
+``cv2.VideoCapture(url, CAP_FFMPEG, [CAP_PROP_OPEN_TIMEOUT_MSEC, ms, CAP_PROP_READ_TIMEOUT_MSEC, ms])``
+then ``set(CAP_PROP_FORMAT, -1)``: ``grab()`` reads one packet (no decoding; FFmpeg's interrupt callback
+bounds it by the read timeout) and ``retrieve()`` returns it. OpenCV applies ``h264_mp4toannexb`` /
+``hevc_mp4toannexb`` to MP4/MKV input itself, so packets are always Annex-B; the extradata (``avcC`` /
+``hvcC`` for MP4) is converted to Annex-B parameter sets here. Timestamps come from ``CAP_PROP_POS_MSEC``
+(the packet's pts relative to the stream start, in ms), so ``VideoInfo.time_base`` is 1 µs.
+
+OpenCV takes FFmpeg demuxer options (RTSP transport, probe size) only from the process environment variable
+``OPENCV_FFMPEG_CAPTURE_OPTIONS``, read while a capture opens. :func:`_capture_options` serialises opens that
+need a different value, so concurrent opens never see each other's options; opens with the same options run
+in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+
+from streamd.sources.base import (
+    ANNEXB_CODECS,
+    Packet,
+    SourceError,
+    SourceTimeout,
+    VideoInfo,
+    scrub,
+    to_annexb_extradata,
+)
+
+_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_env_cond = threading.Condition()
+_env_users = 0  # opens in progress with the current value of _ENV
+
+_FOURCC_CODECS = {
+    "h264": "h264", "avc1": "h264", "avc3": "h264", "x264": "h264", "H264": "h264",
+    "hevc": "hevc", "hvc1": "hevc", "hev1": "hevc", "h265": "hevc", "H265": "hevc", "HEVC": "hevc",
+    "mp4v": "mpeg4", "FMP4": "mpeg4", "XVID": "mpeg4", "DIVX": "mpeg4", "MJPG": "mjpeg", "av01": "av1",
+    "vp09": "vp9", "VP90": "vp9", "vp08": "vp8", "VP80": "vp8", "MP42": "msmpeg4v2", "DIV3": "msmpeg4v3",
+}  # fmt: skip
+
+
+def codec_from_fourcc(fourcc: int) -> str:
+    """FFmpeg codec name for OpenCV's ``CAP_PROP_FOURCC`` value (a container tag or a codec name)."""
+    tag = int(fourcc).to_bytes(4, "little").decode("latin-1")
+    return _FOURCC_CODECS.get(tag, tag.strip("\0 ").lower())
+
+
+@contextmanager
+def _capture_options(value: str, timeout_s: float) -> Iterator[None]:
+    """Hold ``OPENCV_FFMPEG_CAPTURE_OPTIONS == value`` for one open (shared with opens of the same value)."""
+    global _env_users
+    deadline = time.monotonic() + timeout_s
+    with _env_cond:
+        while os.environ.get(_ENV) != value and _env_users > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceTimeout(f"another stream's open held the demuxer options for {timeout_s:g} s")
+            _env_cond.wait(left)
+        os.environ[_ENV] = value
+        _env_users += 1
+    try:
+        yield
+    finally:
+        with _env_cond:
+            _env_users -= 1
+            _env_cond.notify_all()
+
+
+class OpenCVDemuxer:
+    """The video stream of ``url`` (file path or rtsp:// URL) as Annex-B :class:`Packet` values."""
+
+    backend = "opencv"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        options: dict[str, str] | None = None,
+        open_timeout_s: float = 10.0,
+        read_timeout_s: float = 5.0,
+        annexb: bool = True,
+    ) -> None:
+        del annexb  # OpenCV's raw mode always gives Annex-B for H.264/HEVC
+        self._url = url
+        self._read_timeout_s = read_timeout_s
+        self._frame_count = 0
+        env = "|".join(f"{k};{v}" for k, v in (options or {}).items())
+        params = [
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, max(1, round(open_timeout_s * 1000)),
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC, max(1, round(read_timeout_s * 1000)),
+        ]  # fmt: skip
+        started = time.monotonic()
+        with _capture_options(env, open_timeout_s):
+            cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
+        if not cap.isOpened():
+            waited = time.monotonic() - started
+            cap.release()
+            if waited >= 0.95 * open_timeout_s:
+                raise SourceTimeout(scrub(f"cannot open {url}: no answer within {open_timeout_s:g} s", url))
+            raise SourceError(scrub(f"cannot open {url} (refused, missing or not a video)", url))
+        if not cap.set(cv2.CAP_PROP_FORMAT, -1):
+            cap.release()
+            raise SourceError("this OpenCV build cannot return raw packets (CAP_PROP_FORMAT -1)")
+        self._cap = cap
+        codec = codec_from_fourcc(int(cap.get(cv2.CAP_PROP_FOURCC)))
+        ok, extra = cap.retrieve(flag=int(cap.get(cv2.CAP_PROP_CODEC_EXTRADATA_INDEX)))
+        extradata = bytes(extra.reshape(-1)) if ok and extra is not None else b""
+        fps = float(cap.get(cv2.CAP_PROP_FPS))
+        height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        self._frame_count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        self.info = VideoInfo(
+            codec=codec,
+            width=int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+            height=height,
+            fps=fps if 0 < fps < 1000 else None,
+            time_base=1e-6,
+            extradata=to_annexb_extradata(extradata, codec),
+            annexb=codec in ANNEXB_CODECS,
+            color_matrix="bt709" if height >= 720 else "bt601",  # OpenCV does not expose the colour space
+        )
+
+    def packets(self) -> Iterator[Packet]:
+        """Packets until the input ends; a read that runs into the read timeout raises SourceTimeout.
+
+        OpenCV reports end of input, a read error and a timeout alike (``grab()`` is False); the time the
+        call took tells a timeout apart. A file that ends before the packet count in its header raises
+        SourceError (truncated) after its last good packet.
+        """
+        cap = self._cap
+        count = 0
+        while True:
+            started = time.monotonic()
+            if not cap.grab():
+                if time.monotonic() - started >= 0.95 * self._read_timeout_s:
+                    raise SourceTimeout(f"read error: no packet within {self._read_timeout_s:g} s")
+                if 0 < count < self._frame_count and not self._url.lower().startswith(("rtsp:", "rtsps:")):
+                    raise SourceError(
+                        f"input ended after {count} of {self._frame_count} packets (truncated?)"
+                    )
+                return
+            ok, data = cap.retrieve()
+            if not ok or data is None or not data.size:
+                continue
+            count += 1
+            pts_ms = cap.get(cv2.CAP_PROP_POS_MSEC)
+            key = cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME) > 0
+            yield Packet(np.ascontiguousarray(data.reshape(-1)), round(pts_ms * 1000.0), key)
+
+    def close(self) -> None:
+        cap, self._cap = getattr(self, "_cap", None), None
+        if cap is not None:
+            cap.release()

@@ -1,0 +1,110 @@
+"""PyAV demux backend: files and RTSP through FFmpeg's demuxers, every call under a timeout.
+
+PyAV's ``timeout=(open, read)`` installs an FFmpeg interrupt callback, so a silent server, a stalled stream
+or a blocked file read raises instead of hanging. With ``annexb=True`` MP4/MKV packets (length-prefixed NAL
+units, ``avcC``/``hvcC`` extradata) go through FFmpeg's ``h264_mp4toannexb``/``hevc_mp4toannexb``
+bitstream filter (``av.BitStreamFilterContext``), which also puts the parameter sets in front of every key
+frame; RTSP packets are Annex-B already and pass unfiltered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import av
+
+from streamd.sources.base import (
+    ANNEXB_CODECS,
+    Packet,
+    SourceError,
+    SourceTimeout,
+    VideoInfo,
+    scrub,
+    to_annexb_extradata,
+)
+
+_BT709 = 1  # AVColorSpace values
+_FULL_RANGE = 2  # AVColorRange: AVCOL_RANGE_JPEG
+
+
+def _error(what: str, exc: BaseException, url: str, started: float, timeout_s: float) -> SourceError:
+    """A SourceError (SourceTimeout when the call ran into its timeout) with credentials scrubbed."""
+    text = scrub(f"{what}: {type(exc).__name__}: {exc}", url)
+    if (
+        isinstance(exc, (av.ExitError, av.error.TimeoutError))
+        or time.monotonic() - started >= 0.95 * timeout_s
+    ):
+        return SourceTimeout(f"{text} (no answer within {timeout_s:g} s)")
+    return SourceError(text)
+
+
+class PyAVDemuxer:
+    """The first video stream of ``url`` (a file path or an rtsp:// URL) as :class:`Packet` values."""
+
+    backend = "pyav"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        options: dict[str, str] | None = None,
+        open_timeout_s: float = 10.0,
+        read_timeout_s: float = 5.0,
+        annexb: bool = False,
+    ) -> None:
+        self._url = url
+        self._read_timeout_s = read_timeout_s
+        started = time.monotonic()
+        try:
+            self._container = av.open(url, options=options or {}, timeout=(open_timeout_s, read_timeout_s))
+        except (av.FFmpegError, OSError) as exc:
+            raise _error("cannot open", exc, url, started, open_timeout_s) from None
+        try:
+            self.stream = self._container.streams.video[0]
+        except IndexError:
+            self._container.close()
+            raise SourceError(scrub(f"{url}: no video stream", url)) from None
+        ctx = self.stream.codec_context
+        codec = ctx.name
+        extradata = bytes(ctx.extradata or b"")
+        self._bsf: av.BitStreamFilterContext | None = None
+        if annexb and codec in ANNEXB_CODECS and extradata[:1] == b"\x01":  # avcC/hvcC: MP4, MKV
+            self._bsf = av.BitStreamFilterContext(f"{codec}_mp4toannexb", self.stream)
+        rate = self.stream.average_rate or self.stream.guessed_rate
+        self.info = VideoInfo(
+            codec=codec,
+            width=ctx.width,
+            height=ctx.height,
+            fps=float(rate) if rate else None,
+            time_base=float(self.stream.time_base or 0.0),
+            extradata=to_annexb_extradata(extradata, codec) if annexb else extradata,
+            annexb=annexb and codec in ANNEXB_CODECS,
+            color_matrix="bt709"
+            if ctx.colorspace == _BT709 or (ctx.colorspace == 2 and ctx.height >= 720)
+            else "bt601",
+            full_range=ctx.color_range == _FULL_RANGE,
+        )
+
+    def packets(self) -> Iterator[Packet]:
+        """Video packets in decode order until the input ends; a read error or timeout raises SourceError."""
+        started = time.monotonic()
+        count = 0
+        try:
+            for pkt in self._container.demux(self.stream):
+                if not pkt.size:  # the empty packet that only signals the end
+                    continue
+                count += 1
+                for out in self._bsf.filter(pkt) if self._bsf is not None else (pkt,):
+                    yield Packet(out, out.pts, bool(out.is_keyframe), out)
+                started = time.monotonic()
+        except (av.FFmpegError, OSError) as exc:
+            raise _error("read error", exc, self._url, started, self._read_timeout_s) from None
+        expected = self.stream.frames  # from the container's index; 0 when unknown (live, raw streams)
+        if 0 < count < expected:
+            raise SourceError(f"input ended after {count} of {expected} packets (truncated?)")
+
+    def close(self) -> None:
+        container, self._container = getattr(self, "_container", None), None
+        if container is not None:
+            container.close()

@@ -1,0 +1,289 @@
+"""The CPU decoder on both demux backends, and the NVDEC decoder's control flow with a stand-in GPU.
+
+The real NVDEC comparison is ``tests/decode/gpu/test_nvdec_gpu.py`` (needs a GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pytest
+
+from streamd.decode import DecodeError, create_decoder
+from streamd.decode.cpu import CpuDecoder
+from streamd.sources import Packet, available_backends, demuxer_class
+from streamd.sources.base import VideoInfo
+from tests.sources.conftest import CLIP, CLIP_HEVC
+
+
+def decode_all(clip, backend: str, annexb: bool, **kw):
+    dmx = demuxer_class(backend)(str(clip), annexb=annexb)
+    dec = CpuDecoder(dmx.info, **kw)
+    pics = [p for pkt in dmx.packets() for p in dec.decode(pkt)] + dec.flush()
+    dmx.close()
+    return pics
+
+
+@pytest.mark.parametrize(("clip", "count"), [(CLIP, 795), (CLIP_HEVC, 100)])
+def test_every_demux_path_gives_identical_pictures(clip, count) -> None:
+    runs = {
+        (b, a): decode_all(clip, b, a, keep_luma=True) for b in available_backends() for a in (False, True)
+    }
+    ref = runs[next(iter(runs))]
+    assert len(ref) == count
+    assert ref[0].image.shape == (576, 768, 3) and ref[0].image.dtype == np.uint8
+    assert [round(p.pts, 3) for p in ref] == [round(i * 0.1, 3) for i in range(count)]
+    for key, pics in runs.items():
+        assert len(pics) == count, key
+        assert all(np.array_equal(a.image, b.image) for a, b in zip(ref, pics, strict=True)), key
+
+
+@pytest.mark.parametrize("clip", [CLIP, CLIP_HEVC])
+def test_opencv_luma_reference_equals_cpu_decoder(clip) -> None:
+    """The GPU test's reference where PyAV is missing: OpenCV with CONVERT_RGB=0 returns the Y plane, and it
+    is bit-identical to CpuDecoder's."""
+    cap = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG, [cv2.CAP_PROP_CONVERT_RGB, 0])
+    ys = []
+    while (got := cap.read())[0]:
+        ys.append(got[1].copy())
+    lumas = [p.luma for p in decode_all(clip, "pyav", False, keep_luma=True)]
+    assert len(ys) == len(lumas)
+    assert all(np.array_equal(a, b) for a, b in zip(ys, lumas, strict=True))
+
+
+@pytest.mark.parametrize("annexb", [False, True])
+def test_corrupt_packet_is_skipped_and_counted_and_the_decoder_goes_on(annexb: bool) -> None:
+    """2000 random bytes inside an H.264 slice: FFmpeg conceals it and flags the picture corrupt; we skip
+    and count it. (FFmpeg's HEVC decoder does not flag such damage; NVDEC reports none either.)"""
+    dmx = demuxer_class("pyav")(str(CLIP), annexb=annexb)
+    packets = list(dmx.packets())[:40]
+    damaged = packets[3].view().copy()
+    damaged[7000:9000] = np.random.default_rng(3).integers(0, 256, 2000, dtype=np.uint8)
+    packets[3] = Packet(damaged, packets[3].pts)
+    dec = CpuDecoder(dmx.info)
+    out, errors = [], 0
+    for p in packets:
+        try:
+            out += dec.decode(p)
+        except DecodeError:
+            errors += 1
+    out += dec.flush()
+    assert errors + dec.skipped >= 1  # noticed
+    last = max(p.pts for p in packets) * dmx.info.time_base
+    assert len(out) + dec.skipped + errors >= 40 and out[-1].pts == pytest.approx(last)  # and went on
+
+
+def test_unknown_codec_and_decoder_names() -> None:
+    with pytest.raises(DecodeError):
+        CpuDecoder(VideoInfo("no-such-codec", 1, 1, None, 0.1))
+    with pytest.raises(ValueError, match="cpu, nvdec"):
+        create_decoder("quantum", VideoInfo("h264", 1, 1, None, 0.1))
+
+
+def test_importing_streamd_needs_no_gpu_packages() -> None:
+    code = (
+        "import sys, streamd, streamd.decode.nvdec, streamd.ingest, streamd.sources.opencv\n"
+        "gpu = ('PyNvVideoCodec', 'cuda', 'cuda.bindings', 'torch', 'tensorrt')\n"
+        "bad = [m for m in gpu if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "from streamd.decode.nvdec import nvdec_available\n"
+        "ok, why = nvdec_available(); assert not ok and why, why\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --- NVDEC control flow with a stand-in GPU and PyNvVideoCodec --------------------------------------------
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log, self.closed = log, False
+
+    def record(self, stream):
+        self.log.append(("record", id(self), stream))
+
+    def synchronize(self):
+        self.log.append(("sync", id(self)))
+
+    def close(self):
+        self.closed = True
+
+
+class FakeGpu:
+    device, context_handle, stream_handle = 0, 111, 222
+
+    def __init__(self):
+        self.log: list = []
+        self._next = 0x1000_0000
+        self.freed: list[int] = []
+
+    def event(self):
+        return FakeEvent(self.log)
+
+    def alloc(self, nbytes):
+        ptr, self._next = self._next, self._next + nbytes + 0x1000
+        gpu = self
+        return SimpleNamespace(ptr=ptr, nbytes=nbytes, close=lambda: gpu.freed.append(ptr))
+
+    def record(self, event, stream=None):
+        self.log.append(("record", id(event), stream or "ours"))
+
+    def wait(self, event, stream=None):
+        self.log.append(("wait", id(event), stream or "ours"))
+
+    def synchronize(self, event):
+        self.log.append(("sync", id(event)))
+
+    def copy_linear(self, dst, src, nbytes):
+        self.log.append(("copy", dst, src, nbytes))
+
+    def copy_plane(self, *args):
+        self.log.append(("copy2d", *args))
+
+    def forget(self, dst):
+        pass
+
+    def memory_type(self, ptr):
+        return "device"
+
+    def close_stream(self):
+        self.log.append(("close_stream",))
+
+    def release_context(self):
+        self.log.append(("release_context",))
+
+
+class FakeFrame:
+    shape = (72, 64)  # NV12: (H * 3 / 2, W)
+
+    def __init__(self, pts, ptr):
+        self.pts, self.ptr = pts, ptr
+
+    def GetPtrToPlane(self, i):
+        return self.ptr
+
+    def getPTS(self):
+        return self.pts
+
+
+class FakeNvDecoder:
+    """Outputs each packet's picture one call later (a reorder delay); fails on packets starting b'BAD'."""
+
+    def __init__(self, nvc, kw):
+        self.nvc, self.kw, self.pending, self.fed = nvc, kw, [], []
+
+    def GetWidth(self):
+        return 64
+
+    def GetHeight(self):
+        return 48
+
+    def Decode(self, pd):
+        data = ctypes.string_at(pd.bsl_data, pd.bsl) if pd.bsl else b""
+        self.fed.append((data, pd.pts, pd.decode_flag))
+        if data.startswith(b"BAD"):
+            raise RuntimeError("bitstream error")
+        if pd.decode_flag == self.nvc.VideoPacketFlag.ENDOFSTREAM:
+            out, self.pending = self.pending, []
+            return out
+        out, self.pending = self.pending, [FakeFrame(pd.pts, 0xD000_0000 + len(self.fed))]
+        return out
+
+
+class FakeNvc:
+    cudaVideoCodec = SimpleNamespace(H264="H264", HEVC="HEVC")
+    VideoPacketFlag = SimpleNamespace(ENDOFSTREAM=2)
+
+    class PacketData:
+        def __init__(self):
+            self.bsl_data, self.bsl, self.pts, self.decode_flag = 0, 0, 0, 0
+
+    def __init__(self):
+        self.decoders: list[FakeNvDecoder] = []
+
+    def CreateDecoder(self, **kw):
+        self.decoders.append(FakeNvDecoder(self, kw))
+        return self.decoders[-1]
+
+
+INFO = VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=b"\x00\x00\x00\x01gSPS", annexb=True)
+
+
+def make_nvdec(**kw):
+    from streamd.decode.nvdec import NvdecDecoder
+
+    gpu, nvc = FakeGpu(), FakeNvc()
+    return NvdecDecoder(INFO, gpu=gpu, nvc=nvc, **kw), gpu, nvc
+
+
+def pkt(data: bytes, pts: int) -> Packet:
+    return Packet(np.frombuffer(data, np.uint8), pts)
+
+
+def test_nvdec_feeds_our_packets_on_our_context_and_copies_each_picture() -> None:
+    dec, gpu, nvc = make_nvdec()
+    kw = nvc.decoders[0].kw
+    assert kw["usedevicememory"] is True and (kw["cudacontext"], kw["cudastream"]) == (111, 222)
+    assert (kw["maxwidth"], kw["maxheight"]) == (1920, 1088)
+    assert dec.decode(pkt(b"\x00\x00\x00\x01e-IDR", 0)) == []
+    pics = dec.decode(pkt(b"\x00\x00\x00\x01A-P", 10)) + dec.flush()
+    fed = nvc.decoders[0].fed
+    assert fed[0][0] == b"\x00\x00\x00\x01gSPS\x00\x00\x00\x01e-IDR"  # parameter sets once, in front
+    assert fed[1][0] == b"\x00\x00\x00\x01A-P" and fed[1][1] == 10 and fed[2][2] == 2
+    assert [p.pts for p in pics] == [0.0, 0.1]
+    s = pics[0].surface
+    assert (s.width, s.height, s.pitch) == (64, 48, 64) and s.chroma_ptr == s.luma_ptr + 64 * 48
+    copies = [e for e in gpu.log if e[0] == "copy"]
+    assert copies[0][1:] == (s.luma_ptr, 0xD000_0000 + 1, 64 * 48 * 3 // 2)  # D2D, Y+UV in one go
+    ready = gpu.log.index(("record", id(s.ready), "ours"))
+    assert gpu.log.index(copies[0]) < ready  # event after the copy
+
+
+def test_surfaces_return_to_the_pool_after_the_consumer_stream() -> None:
+    dec, gpu, _ = make_nvdec(pool_size=2, acquire_timeout_s=0.05)
+    pics = [p for i in range(4) for p in dec.decode(pkt(b"\x00\x00\x01x", i))]
+    assert len(pics) == 2 and dec.dropped == 1 and dec.pool.size == 2  # all held: third picture dropped
+    first = pics[0].surface
+    first.release("consumer-stream")
+    first.release("consumer-stream")  # twice is harmless
+    assert first.released and dec.pool.free == 1
+    consumed = next(e for e in gpu.log if e[0] == "record" and e[2] == "consumer-stream")
+    pics += dec.decode(pkt(b"\x00\x00\x01x", 9))
+    assert ("wait", consumed[1], "ours") in gpu.log  # the next copy into it waits for the consumer
+    del pics[1]
+    gc.collect()
+    assert dec.pool.free == 1  # dropped unread (e.g. by the stream queue): back at once
+    dec.close()
+    assert ("close_stream",) in gpu.log and ("release_context",) not in gpu.log  # a surface is still held
+    pics[-1].surface.release()
+    assert gpu.log[-1] == ("release_context",) and len(gpu.freed) == 2  # last buffer gone, then the context
+
+
+def test_decode_after_flush_starts_a_new_decoder_and_errors_recreate_it() -> None:
+    dec, _, nvc = make_nvdec()
+    dec.decode(pkt(b"\x00\x00\x01x", 0))
+    dec.flush()
+    dec.decode(pkt(b"\x00\x00\x01y", 1))
+    assert len(nvc.decoders) == 2 and nvc.decoders[1].fed[0][0].startswith(b"\x00\x00\x00\x01gSPS")
+    for _ in range(3):
+        with pytest.raises(DecodeError, match="bitstream error"):
+            dec.decode(pkt(b"BAD", 2))
+    assert len(nvc.decoders) == 3 and dec.recreated == 1
+    assert (nvc.decoders[2].kw["maxwidth"], nvc.decoders[2].kw["maxheight"]) == (3840, 2176)
+
+
+def test_nvdec_refuses_what_it_cannot_decode() -> None:
+    from streamd.decode.nvdec import NvdecDecoder
+
+    with pytest.raises(DecodeError, match="no AV1"):
+        NvdecDecoder(VideoInfo("av1", 64, 48, None, 0.1, annexb=False), gpu=FakeGpu(), nvc=FakeNvc())
+    with pytest.raises(DecodeError, match="Annex-B"):
+        NvdecDecoder(VideoInfo("h264", 64, 48, None, 0.1), gpu=FakeGpu(), nvc=FakeNvc())
+    with pytest.raises(DecodeError, match="not available"):
+        NvdecDecoder(INFO)  # no PyNvVideoCodec / GPU on this machine
