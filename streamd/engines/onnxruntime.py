@@ -68,6 +68,8 @@ class OnnxRuntimeEngine:
         self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             self._opts.intra_op_num_threads = threads
+        # Idle ORT worker threads spin by default, stealing the cores that decode and preprocess run on.
+        self._opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.device = device
         self._input, self._output = io.input_name, io.output_name
         self.batch_fixed = io.batch

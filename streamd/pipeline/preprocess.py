@@ -48,6 +48,9 @@ class CpuPreprocessor:
 
     def __init__(self, spec: PreprocessSpec) -> None:
         self.spec = spec
+        # OpenCV's own thread pool would compete with the engine's threads for the same cores; the pipeline
+        # already overlaps stages with its own threads (measured with bench/bench_cpu.py).
+        cv2.setNumThreads(1)
         order = [2, 1, 0] if spec.channel_order == "rgb" else [0, 1, 2]  # from BGR source
         self._order = np.array(order)
         self._scale = (1.0 / np.asarray(spec.std, np.float32)).reshape(3, 1, 1)
