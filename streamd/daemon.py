@@ -192,7 +192,10 @@ class Daemon:
                 self._print_status()
                 sys.stderr.write("\n")
         self._log_summary(sinks)
-        return 1 if scheduler.error is not None else 0
+        failed = [w.cfg.id for w in self.workers if w.stats.state == "failed"]
+        if failed:  # the others ran to the end; the exit status still says something was lost
+            log.error("streamd: stream(s) failed: %s (see the errors above)", ", ".join(failed))
+        return 1 if scheduler.error is not None or failed else 0
 
     def snapshot(self) -> dict:
         """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""

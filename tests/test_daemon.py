@@ -89,3 +89,17 @@ def test_input_size_mismatch_names_the_key(tmp_path, assets) -> None:
     proc = run_streamd("run", str(cfg), "--no-status")
     assert proc.returncode == 78
     assert "model.input_size" in proc.stderr and "[416, 416]" in proc.stderr
+
+
+def test_broken_stream_does_not_stop_the_others_and_exit_status_says_so(tmp_path, assets) -> None:
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"this is not a video" * 100)
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "b.yaml"
+    write_config(cfg, f"  - id: bad\n    url: {bad}\n  - id: good\n    url: {CLIP_HEVC}", out)
+    proc = run_streamd("run", str(cfg), "--no-status")
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["frame"] for r in records if r["stream"] == "good"] == list(range(100))
+    assert not any(r["stream"] == "bad" for r in records)
+    assert "stream(s) failed: bad" in proc.stderr
