@@ -69,7 +69,7 @@ def build_stages(config: Config) -> Stages:
         if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
             from streamd.gpu.stages import GpuStages
 
-            return GpuStages(engine, pre, post, device=e.device)
+            return GpuStages(engine, pre, post, device=e.device, warm_batch=config.pipeline.batch_size)
         return CpuStages(engine, pre, post)
     except Exception:
         engine.close()
@@ -99,6 +99,7 @@ class Daemon:
         self.sinks: list[LineSink] = []
         self.batcher: Batcher | None = None
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
+        self.ready_at = self.last_result_at = 0.0  # perf_counter: model loaded and warm / last result out
         self._t0 = time.monotonic()
         self._last_results, self._last_progress = -1, self._t0
         self._last_ping = self._last_status = 0.0
@@ -148,6 +149,7 @@ class Daemon:
             for s in sinks:
                 s.submit(line)
             self.results += 1
+            self.last_result_at = time.perf_counter()
 
         scheduler = Scheduler(batcher, stages, on_result, cfg.pipeline.ring_slots)
         log.info(
@@ -165,6 +167,7 @@ class Daemon:
             scheduler.start()
             for w in self.workers:
                 w.start()
+            self.ready_at = time.perf_counter()
             systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             while not scheduler.join(timeout=0.5):
                 self._tick()

@@ -59,7 +59,11 @@ def _surface_of(surface: object) -> Surface:
 
 
 class GpuStages:
-    def __init__(self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec, device: int = 0) -> None:
+    def __init__(
+        self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec, device: int = 0, warm_batch: int = 0
+    ) -> None:
+        """``warm_batch``: run the engine once per slot at this batch size when the slot is made, so CUDA
+        graph capture and cuDNN autotuning happen before the first frame, not during it."""
         if not engine.on_device:
             raise ValueError(f"GpuStages needs a GPU engine, got {engine.name}")
         self.engine = engine
@@ -87,6 +91,7 @@ class GpuStages:
         self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
         self._out_bytes = int(np.prod(out_shape[1:])) * out_dtype.itemsize
         self._buffers: list[_GpuBuffers] = []
+        self._warm_batch = min(warm_batch, self.max_batch)
 
     def new_slot(self, index: int) -> Slot:
         b = self.max_batch
@@ -104,6 +109,11 @@ class GpuStages:
             events,
         )
         self._buffers.append(buffers)
+        if self._warm_batch:
+            self.ctx.activate()
+            buffers.input.fill_u8(0, self.s2)
+            self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, self._warm_batch, self.s2.handle)
+            self.s2.synchronize()
         return Slot(index, buffers=buffers)
 
     def _staging(self, buf: _GpuBuffers, nbytes: int) -> DeviceBuffer:
