@@ -671,3 +671,36 @@ def test_cli_check_yaml_syntax_error_exits_78(folder: Path):
 def test_cli_check_good_config_exits_0():
     result = run_check(ROOT / "configs/demo.yaml")
     assert result.returncode == 0, result.stderr
+
+
+def test_model_metadata_fills_what_the_config_leaves_out(tmp_path: Path) -> None:
+    """The bundled ONNX states its own preprocessing; an explicit config value still wins."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from streamd.config.model import defaults_from_metadata
+
+    bundled = defaults_from_metadata(Path(__file__).resolve().parent.parent / "models" / "nanodet-coco.onnx")
+    if not bundled:
+        pytest.skip("bundled model missing")
+    assert bundled["channel_order"] == "bgr" and bundled["std"] == (57.375, 57.12, 58.395)
+    # An Ultralytics-style export: names as a Python dict literal, imgsz as [h, w].
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["images"], ["output0"])],
+        "g",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 3, 4, 4])],
+    )
+    model = helper.make_model(graph)
+    helper.set_model_props(model, {"names": "{0: 'cat', 1: 'dog'}", "imgsz": "[384, 640]", "mean": "oops"})
+    path = tmp_path / "u.onnx"
+    onnx.save(model, str(path))
+    clip = tmp_path / "c.mp4"
+    clip.write_bytes(b"x")
+    config = parse_config(
+        {"streams": [{"id": "a", "url": "c.mp4"}], "model": {"path": "u.onnx", "std": [1, 1, 1]}}, tmp_path
+    )
+    m = config.model
+    assert m.class_names == ("cat", "dog") and m.input_size == (640, 384)
+    assert m.std == (1.0, 1.0, 1.0)  # given in the config: kept
+    assert m.mean == (0.0, 0.0, 0.0)  # metadata unparsable: the documented default

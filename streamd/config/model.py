@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -131,4 +132,57 @@ def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
             f"not set, and the default model {str(DEFAULT_MODEL)!r} is missing; "
             "set model.path to an ONNX file (relative to the config file's folder)",
         )
+    if problems.ok("model.path"):
+        for key, value in defaults_from_metadata(given.get("path", DEFAULT_MODEL)).items():
+            given.setdefault(key, value)
     return ModelConfig(**given)
+
+
+def defaults_from_metadata(model: Path) -> dict[str, object]:
+    """Preprocessing and decoding settings the ONNX file states about itself (``metadata_props``).
+
+    Keys read: ``channel_order``, ``mean``, ``std``, ``layout``, ``input_size`` ([w, h] or Ultralytics'
+    ``imgsz`` [h, w]) and ``names`` (a JSON list, or Ultralytics' ``{0: 'person', ...}``). They fill only what
+    the config leaves out; a value that does not parse is ignored (the config's own default applies).
+    """
+    if model.suffix.lower() != ".onnx":
+        return {}
+    try:
+        import onnx
+
+        meta = {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
+    except Exception:  # not loadable here: the engine reports it with the details
+        return {}
+    found: dict[str, object] = {}
+    if meta.get("channel_order") in ("rgb", "bgr"):
+        found["channel_order"] = meta["channel_order"]
+    if meta.get("layout") in ("yolov8", "yolov5", "end2end"):
+        found["layout"] = meta["layout"]
+    for key in ("mean", "std"):
+        triple = _literal(meta.get(key))
+        if not (isinstance(triple, list) and len(triple) == 3):
+            continue
+        values = [float(v) for v in triple if isinstance(v, (int, float))]
+        if len(values) == 3 and (key == "mean" or min(values) > 0):
+            found[key] = tuple(values)
+    size = _literal(meta.get("input_size"))
+    imgsz = _literal(meta.get("imgsz"))
+    if size is None and isinstance(imgsz, list):
+        size = imgsz[::-1]
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v % 32 == 0 for v in size):
+        found["input_size"] = (size[0], size[1])
+    names = _literal(meta.get("names"))
+    if isinstance(names, dict) and sorted(names) == list(range(len(names))):
+        names = [names[i] for i in range(len(names))]
+    if isinstance(names, list) and names and all(isinstance(n, str) and n for n in names):
+        found["class_names"] = tuple(names)
+    return found
+
+
+def _literal(text: str | None) -> object:
+    if not text:
+        return None
+    try:
+        return ast.literal_eval(text)  # JSON lists/numbers and Python dict literals alike
+    except (ValueError, SyntaxError):
+        return None
