@@ -81,6 +81,15 @@ class Scheduler:
                 if self.abort.is_set():
                     return _STOP
 
+    def _put(self, q: queue.Queue, item: object) -> None:
+        """Blocking put that gives up when the pipeline aborts (its consumer may be gone)."""
+        while True:
+            try:
+                return q.put(item, timeout=0.25)
+            except queue.Full:
+                if self.abort.is_set():
+                    return None
+
     def _feed(self) -> None:
         while True:
             batch = self.batcher.next_batch(self.abort)
@@ -92,14 +101,14 @@ class Scheduler:
             slot.frames, slot.stage_ms = batch, {}
             slot.t_start = time.perf_counter()
             self.stages.preprocess(slot)
-            self._queues[0].put(slot)
-        self._queues[0].put(_STOP)
+            self._put(self._queues[0], slot)
+        self._put(self._queues[0], _STOP)
 
     def _relay(self, src: queue.Queue, dst: queue.Queue, step: Callable[[Slot], None]) -> None:
         while (slot := self._get(src)) is not _STOP:
             step(slot)
-            dst.put(slot)
-        dst.put(_STOP)
+            self._put(dst, slot)
+        self._put(dst, _STOP)
 
     def _collect(self) -> None:
         while (slot := self._get(self._queues[2])) is not _STOP:
