@@ -1,0 +1,229 @@
+"""GPU postprocess (kernels/postprocess.cu): raw engine output -> compact detections, one small D2H copy.
+
+``post(output, batch, stream, results)`` enqueues, on ``stream``: a memset of the candidate counters, the
+decode kernel (threshold + append, many blocks per frame) and the NMS kernel (one block per frame), which
+writes into a :class:`NmsResults` device buffer laid out as ``[counts int32 x max_batch | pad to 16 bytes |
+det float32 [max_batch, max_det, 6]]``. ``results.download(host, stream, batch)`` is then one
+``cuMemcpyDtoHAsync`` of the counts and the first ``batch`` frames' rows into a :class:`HostNmsResults`
+(pinned), and ``host.detections(batch)`` turns them into ``Detections`` once the stream has passed it.
+Same semantics as the CPU twin (``streamd.pipeline.postprocess``): detections in model-input pixels.
+
+Scratch memory is owned by the postprocessor and shared by its calls; each call waits (on the device) for the
+previous call's kernels, so calls from different streams are safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_dtoh, device_pointer
+from streamd.gpu.kernels import KernelLoader
+from streamd.pipeline.postprocess import PostprocessSpec
+from streamd.types import Detections
+
+LAYOUT_IDS = {"yolov8": 0, "yolov5": 1, "end2end": 2}
+MAX_TOP_K = 4096  # the kernel's removed-mask holds 64 words of 64 candidates
+NMS_THREADS = 1024
+DECODE_THREADS = 256
+
+
+def _header_bytes(max_batch: int) -> int:
+    return (4 * max_batch + 15) // 16 * 16
+
+
+def nms_geometry(spec: PostprocessSpec, num_anchors: int, max_det: int) -> tuple[int, int, int, int]:
+    """(kcap, sort_cap, words, dynamic shared bytes) of the NMS kernel for ``num_anchors`` candidates."""
+    kcap = max(1, min(spec.top_k, num_anchors))
+    sort_cap = 2
+    while sort_cap < kcap:
+        sort_cap *= 2
+    words = (kcap + 63) // 64
+    return kcap, sort_cap, words, sort_cap * 8 + kcap * 28 + max_det * 4
+
+
+class NmsResults:
+    """Device buffer of one batch's results (see the module docstring for the layout)."""
+
+    def __init__(self, max_batch: int, max_det: int) -> None:
+        self.max_batch, self.max_det = max_batch, max_det
+        self.header = _header_bytes(max_batch)
+        self.buffer = DeviceBuffer(self.header + max_batch * max_det * 6 * 4)
+        self.counts_ptr = self.buffer.ptr
+        self.det_ptr = self.buffer.ptr + self.header
+
+    def nbytes(self, batch: int) -> int:
+        """Bytes that carry the counts and the first ``batch`` frames' rows."""
+        return self.header + batch * self.max_det * 6 * 4
+
+    def download(self, host: HostNmsResults, stream: Stream, batch: int) -> None:
+        """One asynchronous D2H copy of everything ``host.detections(batch)`` needs."""
+        if (host.max_batch, host.max_det) != (self.max_batch, self.max_det):
+            raise ValueError(
+                f"HostNmsResults ({host.max_batch}, {host.max_det}) does not match NmsResults "
+                f"({self.max_batch}, {self.max_det})"
+            )
+        copy_dtoh(host.buffer.ptr, self.buffer.ptr, self.nbytes(batch), stream)
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+class HostNmsResults:
+    """Pinned host mirror of :class:`NmsResults`: ``counts`` [max_batch] int32 and
+    ``det`` [max_batch, max_det, 6] float32."""
+
+    def __init__(self, max_batch: int, max_det: int) -> None:
+        self.max_batch, self.max_det = max_batch, max_det
+        header = _header_bytes(max_batch)
+        self.buffer = PinnedBuffer(header + max_batch * max_det * 6 * 4)
+        self.counts = self.buffer.array(np.int32, max_batch)
+        self.det = self.buffer.array(np.float32, (max_batch, max_det, 6), offset=header)
+
+    def detections(self, batch: int) -> list[Detections]:
+        """Per-frame detections (copies), valid once the download has completed."""
+        out = []
+        for i in range(batch):
+            rows = self.det[i, : int(self.counts[i])]
+            out.append(Detections(rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].astype(np.int32)))
+        return out
+
+    def close(self) -> None:
+        self.counts = self.det = None  # type: ignore[assignment]
+        self.buffer.close()
+
+
+class GpuPostprocessor:
+    """Decode + threshold + top-K + class-aware NMS of a batch of raw outputs, two launches per batch.
+
+    ``num_anchors`` is N of ``[B, 4 + C, N]`` / ``[B, N, 5 + C]`` or K of ``[B, K, 6]``; ``dtype`` is the
+    engine output's element type (``float32`` or ``float16``).
+    """
+
+    def __init__(
+        self,
+        spec: PostprocessSpec,
+        ctx: Context,
+        *,
+        max_batch: int,
+        num_anchors: int,
+        dtype: str = "float32",
+        loader: KernelLoader | None = None,
+    ) -> None:
+        if spec.layout not in LAYOUT_IDS:
+            raise ValueError(
+                f"GpuPostprocessor: layout must be one of {', '.join(LAYOUT_IDS)}, got {spec.layout!r}"
+            )
+        if dtype not in ("float32", "float16"):
+            raise ValueError(f"GpuPostprocessor: dtype must be float32 or float16, got {dtype!r}")
+        if not 1 <= spec.top_k <= MAX_TOP_K:
+            raise ValueError(f"GpuPostprocessor: top_k must be in 1..{MAX_TOP_K}, got {spec.top_k}")
+        if spec.max_detections < 1 or max_batch < 1 or num_anchors < 1:
+            raise ValueError(
+                f"GpuPostprocessor: max_detections ({spec.max_detections}), max_batch ({max_batch}) and "
+                f"num_anchors ({num_anchors}) must be >= 1"
+            )
+        if spec.layout != "end2end" and spec.num_classes < 1:
+            raise ValueError(f"GpuPostprocessor: num_classes must be >= 1, got {spec.num_classes}")
+        self.spec, self.ctx, self.max_batch, self.n, self.dtype = spec, ctx, max_batch, num_anchors, dtype
+        self.max_det = spec.max_detections
+        self._owns_loader = loader is None
+        self.loader = loader or KernelLoader(ctx)
+        suffix = "f16" if dtype == "float16" else "f32"
+        self.decode = self.loader.kernel("postprocess", f"decode_{spec.layout}_{suffix}")
+        self.nms = self.loader.kernel("postprocess", "nms_select")
+        self.kcap, self.sort_cap, words, self.shared = nms_geometry(spec, num_anchors, self.max_det)
+        if self.shared > 48 * 1024:
+            limit = ctx.attribute("max_shared_memory_per_block_optin")
+            if self.shared > limit:
+                raise ValueError(
+                    f"GpuPostprocessor: top_k {spec.top_k} / max_detections {self.max_det} need "
+                    f"{self.shared} bytes of shared memory per block, the device allows {limit}"
+                )
+            self.nms.set_max_dynamic_shared(self.shared)
+        n = max_batch * num_anchors
+        self._keys = DeviceBuffer(8 * n)
+        self._boxes = DeviceBuffer(16 * n)
+        self._classes = DeviceBuffer(4 * n)
+        self._counts = DeviceBuffer(4 * max_batch)
+        do_nms = spec.layout != "end2end"
+        self._mask = DeviceBuffer(max_batch * words * self.kcap * 8 if do_nms else 8)
+        self._consts = (
+            ctypes.c_int(num_anchors),
+            ctypes.c_int(spec.num_classes),
+            ctypes.c_float(spec.score_threshold),
+            ctypes.c_float(spec.iou_threshold),
+            ctypes.c_int(int(do_nms)),
+        )
+        self._done: Event | None = None
+
+    def input_shape(self, batch: int) -> tuple[int, int, int]:
+        c = self.spec.num_classes
+        return {
+            "yolov8": (batch, 4 + c, self.n),
+            "yolov5": (batch, self.n, 5 + c),
+            "end2end": (batch, self.n, 6),
+        }[self.spec.layout]
+
+    def new_results(self) -> NmsResults:
+        return NmsResults(self.max_batch, self.max_det)
+
+    def new_host_results(self) -> HostNmsResults:
+        return HostNmsResults(self.max_batch, self.max_det)
+
+    def __call__(self, output: object, batch: int, stream: Stream, results: NmsResults) -> NmsResults:
+        """Enqueue postprocess of ``batch`` frames of raw output (device address) into ``results``."""
+        if not 1 <= batch <= self.max_batch:
+            raise ValueError(f"GpuPostprocessor: batch {batch} outside 1..{self.max_batch}")
+        if (results.max_batch, results.max_det) != (self.max_batch, self.max_det):
+            raise ValueError("GpuPostprocessor: results buffer made for another postprocessor")
+        n_anchors, num_classes, score_thr, iou_thr, do_nms = self._consts
+        if self._done is not None:
+            stream.wait(self._done)  # the scratch buffers are free once the previous call's kernels ran
+        self._counts.fill_u32(0, stream, count=batch)
+        keys, boxes, classes, counts = (
+            ctypes.c_uint64(self._keys.ptr),
+            ctypes.c_uint64(self._boxes.ptr),
+            ctypes.c_uint64(self._classes.ptr),
+            ctypes.c_uint64(self._counts.ptr),
+        )
+        self.decode.launch(
+            stream,
+            ((self.n + DECODE_THREADS - 1) // DECODE_THREADS, batch, 1),
+            (DECODE_THREADS, 1, 1),
+            (
+                ctypes.c_uint64(device_pointer(output)),
+                n_anchors,
+                num_classes,
+                score_thr,
+                keys,
+                boxes,
+                classes,
+                counts,
+            ),
+        )
+        self.nms.launch(
+            stream,
+            (batch, 1, 1),
+            (NMS_THREADS, 1, 1),
+            (
+                keys, boxes, classes, counts, n_anchors,
+                ctypes.c_int(self.kcap), ctypes.c_int(self.sort_cap), ctypes.c_int(self.max_det),
+                iou_thr, do_nms, ctypes.c_uint64(self._mask.ptr),
+                ctypes.c_uint64(results.det_ptr), ctypes.c_uint64(results.counts_ptr),
+            ),
+            shared=self.shared,
+        )  # fmt: skip
+        self._done = self._done or Event()
+        self._done.record(stream)
+        return results
+
+    def close(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+            self._done.close()
+        for buf in (self._keys, self._boxes, self._classes, self._counts, self._mask):
+            buf.close()
+        if self._owns_loader:
+            self.loader.close()

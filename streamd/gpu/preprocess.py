@@ -1,0 +1,301 @@
+"""GPU preprocess (kernels/preprocess.cu): a batch of device frames -> normalised NCHW engine input.
+
+Input per frame: an :class:`Nv12Surface` (two planes with pitches, any even or odd size, BT.601/BT.709,
+limited or full range) or a :class:`PackedSurface` (8-bit BGR/RGB rows with a pitch). Output: ``[B, 3, H, W]``
+float32 or float16 written at a device address (the engine's input tensor). Same resize convention as the CPU
+twin (``streamd.pipeline.preprocess``), whose :func:`compute_transform` gives each frame's transform.
+
+One launch per batch; the per-frame parameters travel in a small device array, uploaded from a pinned staging
+ring on the caller's stream (each ring entry is reused only after the work that read it has finished).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod, device_pointer
+from streamd.gpu.kernels import KernelLoader
+from streamd.pipeline.preprocess import PreprocessSpec, compute_transform
+from streamd.types import Transform
+
+# Mirrors struct FrameParams in kernels/preprocess.cu (8-byte fields first; 96 bytes).
+FRAME_DTYPE = np.dtype(
+    [
+        ("src0", "<u8"), ("src1", "<u8"), ("sx", "<f8"), ("sy", "<f8"),
+        ("pitch0", "<i4"), ("pitch1", "<i4"), ("src_w", "<i4"), ("src_h", "<i4"),
+        ("format", "<i4"), ("uv16", "<i4"), ("x0", "<i4"), ("y0", "<i4"), ("rw", "<i4"), ("rh", "<i4"),
+        ("y_mul", "<f4"), ("y_add", "<f4"), ("r_v", "<f4"), ("g_u", "<f4"), ("g_v", "<f4"), ("b_u", "<f4"),
+    ],
+    align=True,
+)  # fmt: skip
+assert FRAME_DTYPE.itemsize == 96, FRAME_DTYPE.itemsize
+
+FORMAT_NV12, FORMAT_BGR, FORMAT_RGB = 0, 1, 2
+# (Kr, Kb) luma weights of each colour matrix.
+MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class Normalise(ctypes.Structure):
+    """Mirrors struct Normalise in kernels/preprocess.cu (passed by value)."""
+
+    _fields_ = [
+        ("scale", ctypes.c_float * 3),
+        ("scale255", ctypes.c_float * 3),
+        ("shift", ctypes.c_float * 3),
+        ("pad", ctypes.c_float * 3),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Nv12Surface:
+    """An NV12 frame in device memory: Y plane (``height`` rows) and interleaved UV plane
+    (``ceil(height / 2)`` rows of ``2 * ceil(width / 2)`` bytes), each with its own pitch in bytes."""
+
+    y_ptr: int
+    uv_ptr: int
+    width: int
+    height: int
+    y_pitch: int
+    uv_pitch: int
+    matrix: str = "bt601"  # "bt601" | "bt709"
+    full_range: bool = False
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f"Nv12Surface: expected a positive size, got {self.width}x{self.height}")
+        if self.y_pitch < self.width or self.uv_pitch < 2 * ((self.width + 1) // 2):
+            raise ValueError(
+                f"Nv12Surface: pitches ({self.y_pitch}, {self.uv_pitch}) too small for width {self.width}: "
+                f"expected >= ({self.width}, {2 * ((self.width + 1) // 2)})"
+            )
+        if self.matrix not in MATRICES:
+            raise ValueError(
+                f"Nv12Surface: unknown matrix {self.matrix!r}; expected one of {', '.join(MATRICES)}"
+            )
+
+    @classmethod
+    def contiguous(
+        cls, ptr: int, width: int, height: int, pitch: int | None = None, **kw: object
+    ) -> Nv12Surface:
+        """The decoder layout: UV plane right after the Y plane (``ptr + pitch * height``), one pitch."""
+        pitch = pitch or (width + (width & 1))
+        return cls(ptr, ptr + pitch * height, width, height, pitch, pitch, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class PackedSurface:
+    """A packed 8-bit 3-channel frame in device memory (rows of ``3 * width`` bytes, ``pitch`` apart)."""
+
+    ptr: int
+    width: int
+    height: int
+    pitch: int
+    order: str = "bgr"  # "bgr" | "rgb"
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f"PackedSurface: expected a positive size, got {self.width}x{self.height}")
+        if self.pitch < 3 * self.width:
+            raise ValueError(f"PackedSurface: pitch {self.pitch} < 3 * width ({3 * self.width})")
+        if self.order not in ("bgr", "rgb"):
+            raise ValueError(f"PackedSurface: order must be 'bgr' or 'rgb', got {self.order!r}")
+
+
+Surface = Nv12Surface | PackedSurface
+
+
+def yuv_coefficients(matrix: str, full_range: bool) -> tuple[float, float, float, float, float, float]:
+    """(y_off, y_gain, r_v, g_u, g_v, b_u): YUV -> RGB in 0..255 units, from the matrix's Kr, Kb."""
+    kr, kb = MATRICES[matrix]
+    kg = 1.0 - kr - kb
+    y_off, y_gain, c_gain = (0.0, 1.0, 1.0) if full_range else (16.0, 255.0 / 219.0, 255.0 / 224.0)
+    return (
+        y_off,
+        y_gain,
+        2.0 * (1.0 - kr) * c_gain,
+        -2.0 * kb * (1.0 - kb) / kg * c_gain,
+        -2.0 * kr * (1.0 - kr) / kg * c_gain,
+        2.0 * (1.0 - kb) * c_gain,
+    )
+
+
+def frame_params(
+    surfaces: Sequence[Surface], spec: PreprocessSpec, out: np.ndarray | None = None
+) -> tuple[np.ndarray, list[Transform]]:
+    """Per-frame kernel parameters (FRAME_DTYPE records) and the letterbox transforms, one per surface."""
+    params = np.zeros(len(surfaces), FRAME_DTYPE) if out is None else out[: len(surfaces)]
+    records, transforms = [], []
+    for i, s in enumerate(surfaces):
+        t, nw, nh = _transform_cached(s.width, s.height, spec)
+        transforms.append(t)
+        if isinstance(s, Nv12Surface):
+            planes = (s.y_ptr, s.uv_ptr)
+            pitches, fmt = (s.y_pitch, s.uv_pitch), FORMAT_NV12
+            uv16 = int(s.uv_ptr % 2 == 0 and s.uv_pitch % 2 == 0)
+            coefficients = _yuv_cached(s.matrix, s.full_range)
+        elif isinstance(s, PackedSurface):
+            planes, pitches = (s.ptr, 0), (s.pitch, 0)
+            fmt, uv16, coefficients = (FORMAT_BGR if s.order == "bgr" else FORMAT_RGB), 0, _NO_YUV
+        else:
+            raise TypeError(f"frame {i}: expected Nv12Surface or PackedSurface, got {type(s).__name__}")
+        # Field order of FRAME_DTYPE; the scales are derived as OpenCV derives them (1 / (dst / src)).
+        records.append(
+            (*planes, 1.0 / (nw / s.width), 1.0 / (nh / s.height), *pitches, s.width, s.height, fmt, uv16,
+             int(t.pad_x), int(t.pad_y), nw, nh, *coefficients)
+        )  # fmt: skip
+    params[:] = records
+    return params, transforms
+
+
+@functools.lru_cache(maxsize=256)
+def _transform_cached(width: int, height: int, spec: PreprocessSpec) -> tuple[Transform, int, int]:
+    return compute_transform(width, height, spec)
+
+
+_NO_YUV = (0.0,) * 6
+_YUV_CACHE: dict[tuple[str, bool], tuple[float, ...]] = {}
+
+
+def _yuv_cached(matrix: str, full_range: bool) -> tuple[float, ...]:
+    """Kernel coefficients in units of 255, luma as one multiply-add: y_mul, y_add, r_v, g_u, g_v, b_u."""
+    key = (matrix, full_range)
+    if key not in _YUV_CACHE:
+        y_off, y_gain, *chroma = yuv_coefficients(matrix, full_range)
+        _YUV_CACHE[key] = (y_gain / 255.0, -y_off * y_gain / 255.0, *(c / 255.0 for c in chroma))
+    return _YUV_CACHE[key]
+
+
+def normalise_params(spec: PreprocessSpec) -> Normalise:
+    """Scale, shift and pad value per output channel, in float32 exactly as the CPU twin computes them."""
+    scale = np.float32(1.0) / np.asarray(spec.std, np.float32)
+    shift = np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)
+    pad = np.float32(spec.pad_value) * scale - shift
+    norm = Normalise()
+    norm.scale[:], norm.shift[:], norm.pad[:] = scale.tolist(), shift.tolist(), pad.tolist()
+    norm.scale255[:] = (np.float32(255.0) * scale).tolist()
+    return norm
+
+
+def launch_grid(spec: PreprocessSpec, batch: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of one launch: 32 x 8 threads per block, two horizontal output pixels per thread (a
+    64 x 8 tile), z = frame."""
+    return ((spec.width + 63) // 64, (spec.height + 7) // 8, batch), (32, 8, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """Parameters of one batch, uploaded to ring entry ``entry`` at ``params_ptr``."""
+
+    entry: int
+    params_ptr: int
+    batch: int
+    transforms: list[Transform]
+
+
+class GpuPreprocessor:
+    """Letterbox/stretch + colour conversion + normalisation of a batch of device frames, one launch.
+
+    ``pre(surfaces, out, stream)`` enqueues the work on ``stream`` and returns each frame's
+    :class:`Transform` (model-input pixels -> source pixels) immediately; ``out`` is the device address of a
+    ``[len(surfaces), 3, spec.height, spec.width]`` tensor of ``dtype`` (int, DeviceBuffer or torch tensor).
+    The source frames must stay valid until the stream has passed this point (record an event).
+    """
+
+    def __init__(
+        self,
+        spec: PreprocessSpec,
+        ctx: Context,
+        *,
+        max_batch: int,
+        dtype: str = "float16",
+        loader: KernelLoader | None = None,
+        ring: int = 8,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"GpuPreprocessor: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if spec.resize not in ("letterbox", "stretch") or spec.channel_order not in ("rgb", "bgr"):
+            raise ValueError(f"GpuPreprocessor: unsupported spec {spec}")
+        if max_batch < 1 or max_batch > 65535:
+            raise ValueError(f"GpuPreprocessor: max_batch must be in 1..65535, got {max_batch}")
+        self.spec, self.ctx, self.max_batch, self.dtype = spec, ctx, max_batch, dtype
+        self._owns_loader = loader is None
+        self.loader = loader or KernelLoader(ctx)
+        self.kernel = self.loader.kernel(
+            "preprocess", "preprocess_f16" if dtype == "float16" else "preprocess_f32"
+        )
+        self._norm = normalise_params(spec)
+        self._rgb = ctypes.c_int(1 if spec.channel_order == "rgb" else 0)
+        stride = max_batch * FRAME_DTYPE.itemsize
+        self._stride = stride
+        self._host = PinnedBuffer(ring * stride)
+        self._dev = DeviceBuffer(ring * stride)
+        self._staging = [self._host.array(FRAME_DTYPE, max_batch, offset=k * stride) for k in range(ring)]
+        self._events: list[Event | None] = [None] * ring
+        self._next = 0
+
+    def output_shape(self, batch: int) -> tuple[int, int, int, int]:
+        return (batch, 3, self.spec.height, self.spec.width)
+
+    def output_nbytes(self, batch: int) -> int:
+        return batch * 3 * self.spec.height * self.spec.width * np.dtype(DTYPES[self.dtype]).itemsize
+
+    def __call__(self, surfaces: Sequence[Surface], out: object, stream: Stream) -> list[Transform]:
+        """Upload the batch's parameters and launch the kernel on ``stream``; returns the transforms."""
+        if not surfaces:
+            return []
+        prepared = self.prepare(surfaces, stream)
+        self.launch(prepared, out, stream)
+        return prepared.transforms
+
+    def prepare(self, surfaces: Sequence[Surface], stream: Stream) -> PreparedBatch:
+        """Pack and upload (asynchronously on ``stream``) the per-frame parameters into the next ring entry.
+
+        The entry stays valid for launches until ``ring`` more batches have been prepared.
+        """
+        batch = len(surfaces)
+        if not 1 <= batch <= self.max_batch:
+            raise ValueError(
+                f"GpuPreprocessor: batch of {batch} frames outside 1..max_batch ({self.max_batch})"
+            )
+        k = self._next
+        self._next = (k + 1) % len(self._staging)
+        pending = self._events[k]
+        if pending is not None:
+            pending.synchronize()  # the copy and kernels that last used this ring entry are done
+        _, transforms = frame_params(surfaces, self.spec, out=self._staging[k])
+        offset = k * self._stride
+        copy_htod(self._dev.ptr + offset, self._host.ptr + offset, batch * FRAME_DTYPE.itemsize, stream)
+        return PreparedBatch(k, self._dev.ptr + offset, batch, transforms)
+
+    def launch(self, prepared: PreparedBatch, out: object, stream: Stream) -> None:
+        """Enqueue the kernel for a prepared batch, writing ``[batch, 3, H, W]`` at ``out``."""
+        grid, block = launch_grid(self.spec, prepared.batch)
+        args = (
+            ctypes.c_uint64(prepared.params_ptr),
+            ctypes.c_uint64(device_pointer(out)),
+            ctypes.c_int(self.spec.width),
+            ctypes.c_int(self.spec.height),
+            self._rgb,
+            self._norm,
+        )
+        self.kernel.launch(stream, grid, block, args)
+        event = self._events[prepared.entry] or Event()
+        event.record(stream)
+        self._events[prepared.entry] = event
+
+    def close(self) -> None:
+        for ev in self._events:
+            if ev is not None:
+                ev.synchronize()
+                ev.close()
+        self._events = [None] * len(self._events)
+        self._dev.close()
+        self._host.close()
+        if self._owns_loader:
+            self.loader.close()
