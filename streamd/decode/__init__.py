@@ -22,8 +22,10 @@ def create_decoder(kind: str, info: VideoInfo, **options: Any) -> Decoder:
     constructor (``threads`` for cpu; ``device``, ``pool_size`` ... for nvdec).
     """
     if kind == "cpu":
-        from streamd.decode.cpu import CpuDecoder
-
+        try:
+            from streamd.decode.cpu import CpuDecoder
+        except ImportError as exc:
+            raise DecodeError(f"the CPU decoder needs PyAV ({exc}); pip install av") from None
         return CpuDecoder(info, **options)
     if kind == "nvdec":
         from streamd.decode.nvdec import NvdecDecoder
