@@ -137,10 +137,19 @@ class Daemon:
                     owner.close()
             return EX_CONFIG
         batcher = self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        options: dict[str, int] = {}
+        if decoder == "nvdec":
+            # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
+            # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
+            options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
         for sc in cfg.streams:
             policy = "latest" if sc.is_live or sc.realtime else "block"
             q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-            self.workers.append(StreamWorker(sc, q, self.stop, decoder=decoder, device=cfg.engine.device))
+            self.workers.append(
+                StreamWorker(
+                    sc, q, self.stop, decoder=decoder, device=cfg.engine.device, decoder_options=options
+                )
+            )
         sinks = self.sinks = build_sinks(cfg)
         names = cfg.model.class_names
 
