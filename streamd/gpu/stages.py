@@ -62,8 +62,8 @@ class GpuStages:
     def __init__(
         self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec, device: int = 0, warm_batch: int = 0
     ) -> None:
-        """``warm_batch``: run the engine once per slot at this batch size when the slot is made, so CUDA
-        graph capture and cuDNN autotuning happen before the first frame, not during it."""
+        """``warm_batch``: the pipeline's batch size; every engine batch size up to it is run once per slot
+        when the slot is made, so CUDA graph capture and cuDNN autotuning happen before the first frame."""
         if not engine.on_device:
             raise ValueError(f"GpuStages needs a GPU engine, got {engine.name}")
         self.engine = engine
@@ -91,7 +91,12 @@ class GpuStages:
         self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
         self._out_bytes = int(np.prod(out_shape[1:])) * out_dtype.itemsize
         self._buffers: list[_GpuBuffers] = []
-        self._warm_batch = min(warm_batch, self.max_batch)
+        # The engine runs at a few batch sizes only (powers of two up to the pipeline batch): partial batches
+        # are rounded up, the extra rows are ignored by postprocess. Each size is captured (CUDA graph) and
+        # autotuned once per slot at start-up, never while streams run.
+        top = min(warm_batch or self.max_batch, self.max_batch)
+        self._buckets = sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
+        self._warm = warm_batch > 0
 
     def new_slot(self, index: int) -> Slot:
         b = self.max_batch
@@ -109,10 +114,11 @@ class GpuStages:
             events,
         )
         self._buffers.append(buffers)
-        if self._warm_batch:
+        if self._warm:
             self.ctx.activate()
             buffers.input.fill_u8(0, self.s2)
-            self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, self._warm_batch, self.s2.handle)
+            for size in self._buckets:
+                self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, self.s2.handle)
             self.s2.synchronize()
         return Slot(index, buffers=buffers)
 
@@ -157,7 +163,9 @@ class GpuStages:
         self.ctx.activate()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         self.s2.wait(buf.events[1])
-        self.engine.enqueue(buf.input.ptr, buf.output.ptr, len(slot.frames), self.s2.handle)
+        n = len(slot.frames)
+        size = next((b for b in self._buckets if b >= n), n)
+        self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, self.s2.handle)
         buf.events[2].record(self.s2)
 
     def postprocess(self, slot: Slot) -> None:
