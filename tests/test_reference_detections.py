@@ -119,5 +119,6 @@ def test_detections_match_independent_reference(product_lines) -> None:
             assert abs(len(got_strong) - len(ref_strong)) <= 1, (index, len(got_strong), len(ref_strong))
             checked += 1
         index += 1
+    print(f"{checked} frames, {total_ref} reference detections, all matched at IoU >= 0.95")
     assert checked == len(FRAMES)
     assert total_ref >= 15, "too few reference detections to be a meaningful comparison"
