@@ -128,7 +128,10 @@ def test_resolution_change_mid_stream(tmp_path: Path) -> None:
     joined = tmp_path / "size-change.ts"
     joined.write_bytes(b"".join(p.read_bytes() for p in SIZE_PARTS))
     ref = [y for part in SIZE_PARTS for y in reference_luma(part)]
-    dec, pics = nvdec_frames(joined, pool_size=8)
+    # The test holds every picture until the end, so the pool must hold them all (with 8 the decoder waits
+    # for a free buffer, then drops the picture and counts it: designed back-pressure, not a decode error).
+    dec, pics = nvdec_frames(joined, pool_size=len(ref) + 4)
+    assert dec.dropped == 0
     assert [(p.width, p.height) for p in pics] == [(y.shape[1], y.shape[0]) for y in ref]
     for i, (pic, y_ref) in enumerate(zip(pics, ref, strict=True)):
         y = download_nv12(pic.surface)[: pic.height]
