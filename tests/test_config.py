@@ -648,7 +648,7 @@ def run_check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
-CLI_BAD = ["unknown-top-key", "http-scheme", "bool-yes", "batch-over-max-batch", "unknown-sink-type"]
+CLI_BAD = [c[0] for c in BAD]  # every malformed config, also through the real CLI: exit 78 + the key path
 
 
 @needs_cli
