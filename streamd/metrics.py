@@ -100,5 +100,6 @@ class MetricsServer:
         log.info("metrics on http://%s:%d/metrics", *self.address[:2])
 
     def close(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():  # shutdown() would wait forever for a loop that never started
+            self._httpd.shutdown()
         self._httpd.server_close()

@@ -103,3 +103,16 @@ def test_broken_stream_does_not_stop_the_others_and_exit_status_says_so(tmp_path
     assert [r["frame"] for r in records if r["stream"] == "good"] == list(range(100))
     assert not any(r["stream"] == "bad" for r in records)
     assert "stream(s) failed: bad" in proc.stderr
+
+
+def test_bad_model_with_metrics_enabled_exits_without_hanging(tmp_path) -> None:
+    """The error path closes a metrics server that never started serving."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP}\nmodel:\n  path: {bad}\n"
+        f"metrics:\n  enabled: true\n  port: {free_port()}\n"
+    )
+    proc = run_streamd("run", str(cfg), "--no-status", timeout=60)
+    assert proc.returncode == 78
