@@ -15,10 +15,12 @@ Design
   back to the pool through a finalizer.
 - No pixel crosses PCIe: NVDEC writes device memory, the copy is device to device, consumers read by pointer.
   (:func:`download_nv12` is a debugging/test helper that does copy to the host.)
-- Resolution changes: the decoder is created with ``maxwidth/maxheight`` at least the opened size and
-  PyNvVideoCodec reconfigures within them; pool buffers follow the decoded size. A change beyond them fails
-  ``Decode()``: after :attr:`RECREATE_AFTER` failures in a row the decoder is recreated (it resumes at the
-  next key frame with its parameter sets).
+- Resolution changes: PyNvVideoCodec 2.2.4 keeps its first output size when a new SPS changes the picture
+  size mid-stream (seen on the H200: 320x240 -> 640x360 still reported 320x240). So the decoder watches the
+  SPS at the head of each packet (a vectorised scan of its first bytes, not per pixel): when the SPS bytes
+  change, the old decoder is flushed (its pictures are returned) and a new one decodes from this packet,
+  which carries the new parameter sets. Decode failures (:attr:`RECREATE_AFTER` in a row) also recreate it,
+  with twice the size headroom.
 - Codecs: H.264 and HEVC, 8-bit 4:2:0. Hopper's NVDEC has no AV1 (``PyNvVCExceptionUnsupported``): AV1 and
   other codecs use the CPU decoder.
 
@@ -39,6 +41,23 @@ from streamd.decode.base import DecodedPicture, DecodeError
 from streamd.sources.base import Packet, VideoInfo
 
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
+SPS_SCAN_BYTES = 1024  # parameter sets open an access unit (after an AUD / VPS), well inside this
+
+
+def find_sps(view: np.ndarray, codec: str) -> bytes | None:
+    """The SPS NAL unit (payload bytes, trailing zeros stripped) at the head of an Annex-B packet, if any."""
+    head = view[:SPS_SCAN_BYTES]
+    if head.size < 4:
+        return None
+    starts = np.flatnonzero((head[:-3] == 0) & (head[1:-2] == 0) & (head[2:-1] == 1)) + 3
+    for k, i in enumerate(starts):
+        nal_type = (int(head[i]) & 0x1F) if codec == "h264" else (int(head[i]) >> 1) & 0x3F
+        if nal_type == (7 if codec == "h264" else 33):
+            end = int(starts[k + 1]) - 3 if k + 1 < len(starts) else head.size
+            return head[i:end].tobytes().rstrip(b"\0")
+    return None
+
+
 RECREATE_AFTER = 3  # Decode() failures in a row before the decoder is recreated
 
 
@@ -371,6 +390,8 @@ class NvdecDecoder:
         self.skipped = 0  # NVDEC reports no per-picture corruption through PyNvVideoCodec
         self.dropped = 0  # pictures dropped because every pooled buffer was held downstream
         self.recreated = 0
+        self.sequence_changes = 0  # new SPS mid-stream: decoder recreated (see the module docstring)
+        self._sps: bytes | None = None
         self._errors_in_row = 0
         self._dec: Any = None
         self._closed = False
@@ -406,9 +427,16 @@ class NvdecDecoder:
 
     # -- decoding ----------------------------------------------------------------------------------------
     def decode(self, packet: Packet) -> list[DecodedPicture]:
+        view = packet.view()
+        before: list[DecodedPicture] = []
+        sps = find_sps(view, self.info.codec)
+        if sps is not None:
+            if self._sps is not None and sps != self._sps and not self._flushed:
+                before = self.flush()  # the old sequence's pictures; a new decoder takes this packet
+                self.sequence_changes += 1
+            self._sps = sps
         if self._flushed:
             self._recreate(grow=False)
-        view = packet.view()
         if self._send_extradata:  # parameter sets first (RTSP sends them out of band, in the SDP)
             view = np.concatenate((np.frombuffer(self.info.extradata, np.uint8), view))
             self._send_extradata = False
@@ -417,7 +445,7 @@ class NvdecDecoder:
         pd.bsl = int(view.size)
         if packet.pts is not None:
             pd.pts = int(packet.pts)
-        return self._run(pd)  # `view` stays referenced until Decode() has parsed it
+        return before + self._run(pd)  # `view` stays referenced until Decode() has parsed it
 
     def flush(self) -> list[DecodedPicture]:
         """Pictures still in the decoder at the end of the stream; the next ``decode`` starts a new one."""
