@@ -62,7 +62,7 @@ def build_stages(config: Config) -> Stages:
                 f"[{c}, {h}, {w}] (C, H, W); set model.input_size: [{w}, {h}]"
             )
         layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
-        pre = PreprocessSpec(w, h, m.channel_order, tuple(m.mean), tuple(m.std), m.resize, m.pad_value)
+        pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
         post = PostprocessSpec(
             layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k
         )

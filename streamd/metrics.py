@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 log = logging.getLogger(__name__)
@@ -19,9 +19,7 @@ log = logging.getLogger(__name__)
 Snapshot = Callable[[], dict]
 
 
-def _family(
-    name: str, kind: str, help_text: str, samples: dict[str, float | int], label: str = ""
-) -> list[str]:
+def _family(name: str, kind: str, help_text: str, samples: Mapping[str, float], label: str = "") -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for key, value in samples.items():
         lines.append(f'{name}{{{label}="{key}"}} {value}' if label else f"{name} {value}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import av
 import numpy as np
 
@@ -24,7 +26,8 @@ class CpuDecoder:
         self, info: VideoInfo, *, threads: int = 0, keep_luma: bool = False, keep_corrupt: bool = False
     ) -> None:
         try:
-            self._ctx = av.CodecContext.create(info.codec, "r")
+            # A video decoding context; PyAV's stubs type create() as the base class, without decode().
+            self._ctx: Any = av.CodecContext.create(info.codec, "r")
         except (av.FFmpegError, ValueError) as exc:
             raise DecodeError(f"no CPU decoder for codec {info.codec!r}: {exc}") from None
         if info.extradata:
@@ -47,13 +50,13 @@ class CpuDecoder:
             luma = None
             if self._keep_luma:
                 plane = f.planes[0]
-                rows = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)
+                rows = np.frombuffer(memoryview(plane), np.uint8).reshape(-1, plane.line_size)
                 luma = rows[: f.height, : f.width].copy()
             out.append(DecodedPicture(pts, f.width, f.height, image=f.to_ndarray(format="bgr24"), luma=luma))
         return out
 
     def decode(self, packet: Packet) -> list[DecodedPicture]:
-        pkt = packet.raw if isinstance(packet.raw, av.Packet) else av.Packet(packet.view())
+        pkt = packet.raw if isinstance(packet.raw, av.Packet) else av.Packet(packet.view())  # type: ignore[arg-type]
         if packet.raw is None:
             pkt.pts = packet.pts
         try:

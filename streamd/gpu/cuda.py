@@ -61,6 +61,10 @@ def _error_text(err: Any) -> tuple[str, str]:
         return str(err), "unknown error"
 
 
+def _nothing() -> None:
+    pass
+
+
 def check(result: Any, call: str = "") -> Any:
     """Unwrap a ``cuda.bindings.driver`` return value ``(err, *outs)`` (or a bare ``err``).
 
@@ -179,7 +183,7 @@ class Stream:
         self.priority = 0
         self.raw = driver().CUstream(int(handle))
         self.borrowed = True
-        self._finalizer = weakref.finalize(self, lambda: None)
+        self._finalizer = weakref.finalize(self, _quiet, _nothing)  # borrowed: never destroyed by us
         return self
 
     @property
@@ -316,7 +320,7 @@ class PinnedBuffer:
             raise ValueError(
                 f"pinned buffer of {self.nbytes} bytes: view of {count} x {dt} at {offset} does not fit"
             )
-        view = np.frombuffer(self._bytes, dtype=dt, count=count, offset=offset)
+        view = np.frombuffer(self._bytes, dtype=dt, count=count, offset=offset)  # type: ignore[call-overload]
         return view if shape is None else view.reshape(shape)
 
     def close(self) -> None:

@@ -154,6 +154,6 @@ class OpenCVDemuxer:
             yield Packet(np.ascontiguousarray(data.reshape(-1)), round(pts_ms * 1000.0), key)
 
     def close(self) -> None:
-        cap, self._cap = getattr(self, "_cap", None), None
+        cap, self._cap = getattr(self, "_cap", None), None  # type: ignore[assignment]
         if cap is not None:
             cap.release()

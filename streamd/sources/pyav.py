@@ -105,6 +105,6 @@ class PyAVDemuxer:
             raise SourceError(f"input ended after {count} of {expected} packets (truncated?)")
 
     def close(self) -> None:
-        container, self._container = getattr(self, "_container", None), None
+        container, self._container = getattr(self, "_container", None), None  # type: ignore[assignment]
         if container is not None:
             container.close()
