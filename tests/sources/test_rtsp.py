@@ -66,6 +66,7 @@ def test_server_killed_and_restarted_five_times_resumes(rtsp_available, pipeline
             )
             resume_s.append(pipe.seen["cam"].first_after(ready) - ready)
             pipe.wait_frames("cam", len(pipe.seen["cam"].frames) + 3, timeout=5)
+        state, reconnects = worker.stats.state, worker.stats.reconnects  # before the server goes away
     finally:
         server.stop()
     print(f"resume after restart (s): {[round(r, 2) for r in resume_s]}; stats {worker.stats}")
@@ -74,7 +75,7 @@ def test_server_killed_and_restarted_five_times_resumes(rtsp_available, pipeline
     assert idx == list(range(len(idx)))  # increasing, no gaps: every decoded frame reached the consumer
     pts = [p for _, p, *_ in pipe.seen["cam"].frames if p is not None]
     assert all(b > a for a, b in itertools.pairwise(pts)), "timestamps must keep increasing"
-    assert worker.stats.reconnects >= 5 and worker.stats.state == "running"
+    assert reconnects >= 5 and state == "running"
 
 
 def test_hung_server_stalls_then_recovers(rtsp_server, pipeline) -> None:
