@@ -620,10 +620,10 @@ def test_bundled_demo_loads():
     config = load_config()
     assert config.source == "<bundled demo>"
     (stream,) = config.streams
-    assert stream.id == "demo" and stream.path == ROOT / "samples/vtest.mp4"
+    assert stream.id == "demo" and stream.path.resolve() == ROOT / "samples/vtest.mp4"
     assert not stream.loop and not stream.realtime
     model = config.model
-    assert model.path == ROOT / "models/nanodet-coco.onnx" and model.channel_order == "bgr"
+    assert model.path.resolve() == ROOT / "models/nanodet-coco.onnx" and model.channel_order == "bgr"
     assert model.mean == (103.53, 116.28, 123.675) and model.std == (57.375, 57.12, 58.395)
     assert (model.layout, model.resize, model.score_threshold, model.iou_threshold) == (
         "yolov8",
@@ -632,7 +632,7 @@ def test_bundled_demo_loads():
         0.5,
     )
     assert config.pipeline.batch_size == 4 and config.sinks == (StdoutSinkConfig(),)
-    assert BUNDLED_DEMO == ROOT / "configs/demo.yaml"
+    assert BUNDLED_DEMO.resolve() == ROOT / "configs/demo.yaml"
 
 
 @needs_demo_files

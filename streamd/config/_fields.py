@@ -19,9 +19,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-"""The folder that holds the ``streamd`` package (the repository root in a checkout)."""
-
 RELATIVE_NOTE = "paths are relative to the config file's folder"
 
 

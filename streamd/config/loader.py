@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Literal
 
 from streamd.config._fields import (
-    REPO_ROOT,
     Invalid,
     Problems,
     check_keys,
@@ -26,8 +25,9 @@ from streamd.config.model import ModelConfig, parse_model
 from streamd.config.pipeline import PipelineConfig, parse_pipeline
 from streamd.config.sinks import DEFAULT_SINKS, JsonlSinkConfig, SinkConfig, parse_sinks
 from streamd.config.streams import StreamConfig, parse_streams
+from streamd.resources import bundled_path
 
-BUNDLED_DEMO = REPO_ROOT / "configs" / "demo.yaml"
+BUNDLED_DEMO = bundled_path("configs", "demo.yaml")
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 

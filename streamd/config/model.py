@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Literal
 
 from streamd.config._fields import (
-    REPO_ROOT,
     Invalid,
     Problems,
     describe,
@@ -18,8 +17,9 @@ from streamd.config._fields import (
     read_section,
 )
 from streamd.config.coco import COCO_NAMES
+from streamd.resources import bundled_path
 
-DEFAULT_MODEL = REPO_ROOT / "models" / "nanodet-coco.onnx"
+DEFAULT_MODEL = bundled_path("models", "nanodet-coco.onnx")
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ModelConfig:
     path: Path = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
         DEFAULT_MODEL,
         "the model file (ONNX); relative to the config file's folder; must exist. "
-        "Default: models/nanodet-coco.onnx in the streamd checkout",
+        "Default: the bundled models/nanodet-coco.onnx",
     )
     input_size: tuple[int, int] = opt(
         (416, 416),

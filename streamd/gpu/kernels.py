@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from streamd.gpu.cuda import Context, CUDAError, Stream, _quiet, check, driver
+from streamd.resources import bundled_path
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = bundled_path("kernels")
 BASE_OPTIONS = ("-std=c++17",)
 _nvrtc_mod: Any = None
 

@@ -1,0 +1,113 @@
+"""Installed the way users install: build the wheel, install it into a fresh venv, run the demo from there.
+
+The wheel must carry the kernels, the demo config, the bundled model and clip (README: ``pip install .`` then
+``streamd run``). To stay fast and offline, the fresh venv installs only streamd itself (``--no-deps
+--no-index``) and borrows the third-party packages of the interpreter running the tests through a ``.pth``
+line (paths in a ``.pth`` are appended after the venv's own site-packages, and ``.pth`` files inside them,
+such as an editable streamd's finder, are not run, so the installed wheel is what gets imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+IGNORED = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "out", ".whl", ".cache")
+PACKAGE_DATA = (
+    "streamd/bundled/kernels/preprocess.cu",
+    "streamd/bundled/kernels/postprocess.cu",
+    "streamd/bundled/configs/demo.yaml",
+    "streamd/bundled/models/nanodet-coco.onnx",
+    "streamd/bundled/samples/vtest.mp4",
+    "streamd/data/result.schema.json",
+)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from a copy of the source tree (no stale build/ folder can leak into it)."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(*IGNORED))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(work),
+            ".",
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (built,) = work.glob("streamd-*.whl")
+    return built
+
+
+def test_wheel_carries_the_bundled_files(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [name for name in PACKAGE_DATA if name not in names]
+    assert not missing, f"not in {wheel.name}: {missing}"
+    assert not any(name.startswith("tests/") for name in names)
+
+
+def test_fresh_venv_runs_the_demo(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False)
+    py = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.check_output(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    (site / "_borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*install, str(wheel)], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PYTHONUNBUFFERED"] = "1"
+    probe = (
+        "import streamd; from streamd.resources import bundled_path; print(streamd.__file__); "
+        "print(bundled_path('kernels', 'preprocess.cu').is_file())"
+    )
+    where, kernels_found = subprocess.check_output(
+        [py, "-c", probe], cwd=tmp_path, env=env, text=True
+    ).split()
+    assert Path(where).is_relative_to(env_dir), f"streamd imported from {where}, not the new venv"
+    assert kernels_found == "True"
+    proc = subprocess.run(
+        [env_dir / "bin" / "streamd", "run", "--no-status"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    schema = json.loads((ROOT / "streamd" / "data" / "result.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = proc.stdout.splitlines()
+    for line in lines:
+        validator.validate(json.loads(line))
+    assert len(lines) == 795
