@@ -25,6 +25,7 @@ from streamd.config.model import ModelConfig, parse_model
 from streamd.config.pipeline import PipelineConfig, parse_pipeline
 from streamd.config.sinks import DEFAULT_SINKS, JsonlSinkConfig, SinkConfig, parse_sinks
 from streamd.config.streams import StreamConfig, parse_streams
+from streamd.config.tracking import TrackingConfig, parse_tracking
 from streamd.resources import bundled_path
 
 BUNDLED_DEMO = bundled_path("configs", "demo.yaml")
@@ -41,6 +42,9 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"doc": "batching and queues"})
     sinks: tuple[SinkConfig, ...] = opt(DEFAULT_SINKS, "where results go; default: one stdout sink")
     metrics: MetricsConfig = field(default_factory=MetricsConfig, metadata={"doc": "the metrics endpoint"})
+    tracking: TrackingConfig = field(
+        default_factory=TrackingConfig, metadata={"doc": "object tracking (streams[].tracking overrides it)"}
+    )
     log_level: Literal["debug", "info", "warning", "error"] = opt(
         "info", "least severe log level written to stderr"
     )
@@ -51,12 +55,13 @@ class Config:
         return tuple(s.id for s in self.streams)
 
 
-TOP_KEYS = ("streams", "model", "engine", "pipeline", "sinks", "metrics", "log_level")
+TOP_KEYS = ("streams", "model", "engine", "pipeline", "sinks", "metrics", "tracking", "log_level")
 
 
 _SECTION_OF = {
     f.name: section
     for section, cls in (
+        ("tracking", TrackingConfig),
         ("each sink in sinks", JsonlSinkConfig),
         ("engine", EngineConfig),
         ("metrics", MetricsConfig),
@@ -120,14 +125,15 @@ def _parse(data: object, problems: Problems) -> Config:
         raise ConfigError(problems.messages())
     check_keys(data, TOP_KEYS, "", problems, ignore=_is_extension_key, homes=_SECTION_OF)
     base_dir = problems.base_dir
-    if "streams" in data:
-        streams = parse_streams(data["streams"], problems, base_dir)
+    model = parse_model(data.get("model"), problems, base_dir)
+    tracking = parse_tracking(data.get("tracking"), problems)
+    if "streams" in data:  # after model and tracking: streams name classes and override tracking keys
+        streams = parse_streams(data["streams"], problems, base_dir, model.class_names, tracking)
     else:
         streams = ()
         problems.add(
             "streams", "required key missing; add a streams: list with at least one {id:, url:} item"
         )
-    model = parse_model(data.get("model"), problems, base_dir)
     engine = parse_engine(data.get("engine"), problems, base_dir)
     pipeline = parse_pipeline(data.get("pipeline"), problems)
     verify_batch_fits_engine(pipeline, engine, problems)
@@ -148,6 +154,7 @@ def _parse(data: object, problems: Problems) -> Config:
         pipeline=pipeline,
         sinks=sinks,
         metrics=metrics,
+        tracking=tracking,
         log_level=log_level,
         source=problems.source,
     )

@@ -15,6 +15,7 @@ from streamd.config._fields import (
     opt,
     path_text,
     read_section,
+    suggest,
 )
 from streamd.config.coco import COCO_NAMES
 from streamd.resources import bundled_path
@@ -66,10 +67,99 @@ class ModelConfig:
     )
     max_detections: int = opt(100, "most detections kept per frame after NMS", ge=1, le=10000)
     top_k: int = opt(1000, "most candidates per frame kept (best scores first) before NMS", ge=1, le=100000)
+    classes: tuple[int, ...] | None = opt(
+        None,
+        "class names or ids to detect (list); the others are dropped before NMS. Default: every class. "
+        "streams[].classes overrides it per stream",
+    )
+    class_thresholds: tuple[tuple[int, float], ...] = opt(
+        (),
+        "class name (or id) -> score threshold for that class, in place of score_threshold "
+        "(each 0 < x < 1); stored as (class id, threshold) pairs",
+    )
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def thresholds(self, classes: tuple[int, ...] | None = None) -> list[float]:
+        """Score threshold per class id (``inf``: filtered out) for ``classes`` (None = model.classes)."""
+        keep = self.classes if classes is None else classes
+        row = [self.score_threshold] * self.num_classes
+        for cid, thr in self.class_thresholds:
+            row[cid] = thr
+        if keep is not None:
+            wanted = set(keep)
+            row = [thr if cid in wanted else float("inf") for cid, thr in enumerate(row)]
+        return row
+
+
+def class_list(value: object, path: str) -> tuple[str | int, ...]:
+    """A list of class names or ids, as written (resolved later by :func:`resolve_classes`)."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        raise Invalid(f"expected a list of class names or ids, got {describe(value)}; write [{value}]", path)
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"expected a list of class names or ids (at least one), got {describe(value)}", path)
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (str, int)) or (isinstance(item, str) and not item):
+            raise Invalid(f"expected a class name or id, got {describe(item)}", f"{path}[{index}]")
+    return tuple(value)
+
+
+def resolve_class(item: str | int, names: tuple[str, ...], path: str) -> int:
+    """A class name or id -> the class id, checked against model.class_names."""
+    if isinstance(item, int):
+        if not 0 <= item < len(names):
+            raise Invalid(
+                f"class id {item} is out of range: the model has {len(names)} classes "
+                f"(ids 0-{len(names) - 1})",
+                path,
+            )
+        return item
+    name = item.strip()
+    if name in names:
+        return names.index(name)
+    raise Invalid(f"unknown class name {name!r} (not in model.class_names){suggest(name, names)}", path)
+
+
+def resolve_classes(items: tuple[str | int, ...], names: tuple[str, ...], path: str) -> tuple[int, ...]:
+    """Class names or ids -> sorted unique class ids; raises Invalid at the first bad item."""
+    return tuple(sorted({resolve_class(item, names, f"{path}[{i}]") for i, item in enumerate(items)}))
+
+
+def _thresholds_mapping(value: object, path: str) -> dict:
+    if not isinstance(value, dict) or not value:
+        raise Invalid(
+            "expected a mapping of class name -> score threshold (e.g. {person: 0.5}), "
+            f"got {describe(value)}",
+            path,
+        )
+    out = {}
+    for key, thr in value.items():
+        here = f"{path}.{key}"
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 < float(thr) < 1:
+            raise Invalid(f"expected a score threshold, a number > 0 and < 1, got {describe(thr)}", here)
+        out[key] = float(thr)
+    return out
+
+
+def _resolve_model_classes(given: dict, problems: Problems) -> None:
+    """Turn the class names of ``classes`` and ``class_thresholds`` into ids (in ``given``)."""
+    names = given.get("class_names", COCO_NAMES)
+    if "classes" in given:
+        try:
+            given["classes"] = resolve_classes(given["classes"], names, "model.classes")
+        except Invalid as exc:
+            problems.add(exc.path, exc.message)
+            del given["classes"]
+    if "class_thresholds" in given:
+        pairs: dict[int, float] = {}
+        for key, thr in given.pop("class_thresholds").items():
+            try:
+                pairs[resolve_class(key, names, f"model.class_thresholds.{key}")] = thr
+            except Invalid as exc:
+                problems.add(exc.path, exc.message)
+        given["class_thresholds"] = tuple(sorted(pairs.items()))
 
 
 def check_class_names(value: object, path: str, base_dir: Path) -> tuple[str, ...]:
@@ -122,6 +212,8 @@ def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
                 path_text(v, p, "the path of the model file"), p, base_dir, "model file"
             ),
             "class_names": lambda v, p: check_class_names(v, p, base_dir),
+            "classes": class_list,
+            "class_thresholds": _thresholds_mapping,
         },
     )
     if given is None:
@@ -135,6 +227,7 @@ def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
     if problems.ok("model.path"):
         for key, value in defaults_from_metadata(given.get("path", DEFAULT_MODEL)).items():
             given.setdefault(key, value)
+    _resolve_model_classes(given, problems)
     return ModelConfig(**given)
 
 

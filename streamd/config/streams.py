@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from streamd.analytics.zones import polygon_problem
 from streamd.config._fields import (
     Invalid,
     Problems,
+    coerce,
     describe,
     existing_file,
     opt,
@@ -18,10 +20,35 @@ from streamd.config._fields import (
     required,
     value_of,
 )
+from streamd.config.coco import COCO_NAMES
+from streamd.config.model import class_list, resolve_classes
+from streamd.config.tracking import TrackingConfig, override_tracking
 
 LIVE_SCHEMES = ("rtsp", "rtsps")
 ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 _SECRET_PARAMS = {"password", "passwd", "pass", "pwd", "token", "key", "auth", "secret"}
+
+
+ZONE_NAME_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    """A named area of one stream's picture, a polygon in source pixels."""
+
+    name: str = required(
+        "zone name, unique within the stream; listed in each detection's zones and in events",
+        pattern=ZONE_NAME_PATTERN,
+        pattern_doc="1 to 64 characters from A-Z a-z 0-9 _ . -",
+    )
+    polygon: tuple[tuple[float, float], ...] = required(
+        "at least 3 points [x, y] in source pixels (>= 0), in order around the area, not crossing itself",
+        ask="a list of at least 3 points [x, y] in source pixels",
+    )
+    classes: tuple[int, ...] | None = opt(None, "class names or ids this zone counts; default: every class")
+    anchor: Literal["bottom_center", "center", "top_center", "bottom_left", "bottom_right"] = opt(
+        "bottom_center", "the point of a box that must lie inside the polygon"
+    )
 
 
 @dataclass(frozen=True, repr=False)
@@ -61,6 +88,19 @@ class StreamConfig:
     )
     reconnect_attempts: int = opt(
         0, "reopen attempts in a row before the stream is given up", ge=0, note="0 = retry forever"
+    )
+    detect_fps: float | None = opt(
+        None,
+        "run the detector on at most this many frames per second of this stream (by pts); the frames in "
+        "between are decoded but not inferred, counted as skipped. Default: every frame",
+    )
+    classes: tuple[int, ...] | None = opt(
+        None, "class names or ids to detect on this stream, replacing model.classes"
+    )
+    zones: tuple[ZoneConfig, ...] = opt((), "named polygons; each detection lists the zones it is in")
+    zones_only: bool = opt(False, "drop detections that are in no zone (needs zones)")
+    tracking: TrackingConfig = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        TrackingConfig(), "keys of the global tracking: section to override for this stream"
     )
 
     def __repr__(self) -> str:  # the URL redacted, so logging a config never shows a password
@@ -144,8 +184,80 @@ def check_url(value: object, path: str, base_dir: Path) -> str:
     )
 
 
-def parse_streams(raw: object, problems: Problems, base_dir: Path) -> tuple[StreamConfig, ...]:
-    """Check the ``streams:`` list; report every problem; return the streams that are valid."""
+def check_detect_fps(value: object, path: str) -> float:
+    return coerce(value, float, {"gt": 0}, path)  # type: ignore[no-any-return]
+
+
+def check_polygon(value: object, path: str) -> tuple[tuple[float, float], ...]:
+    if not isinstance(value, list):
+        raise Invalid(f"expected a list of at least 3 points [x, y], got {describe(value)}", path)
+    points = []
+    for i, point in enumerate(value):
+        here = f"{path}[{i}]"
+        if (
+            not isinstance(point, list)
+            or len(point) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in point)
+        ):
+            raise Invalid(f"expected a point [x, y] of two numbers, got {describe(point)}", here)
+        if min(point) < 0:
+            raise Invalid(f"expected coordinates >= 0 (source pixels), got {point}", here)
+        points.append((float(point[0]), float(point[1])))
+    why = polygon_problem(points)
+    if why:
+        raise Invalid(why, path)
+    return tuple(points)
+
+
+def parse_zones(
+    raw: object, path: str, problems: Problems, names: tuple[str, ...]
+) -> tuple[ZoneConfig, ...] | None:
+    if not isinstance(raw, list) or not raw:
+        problems.add(path, f"expected a list of zones, each {{name:, polygon:}}, got {describe(raw)}")
+        return None
+    zones: list[ZoneConfig] = []
+    seen: dict[str, int] = {}
+    for index, item in enumerate(raw):
+        here = f"{path}[{index}]"
+        given = read_section(
+            ZoneConfig,
+            item,
+            here,
+            problems,
+            special={
+                "polygon": check_polygon,
+                "classes": lambda v, p: resolve_classes(class_list(v, p), names, p),
+            },
+            what="a mapping with name: and polygon:",
+        )
+        if given is None:
+            continue
+        name = given.get("name")
+        if name is not None:
+            if name in seen:
+                problems.add(
+                    f"{here}.name",
+                    f"duplicate zone name {name!r} (already used by {path}[{seen[name]}]); "
+                    "zone names must be unique within a stream",
+                )
+            seen[name] = index
+        if "name" in given and "polygon" in given:
+            zones.append(ZoneConfig(**given))
+    return tuple(zones)
+
+
+def parse_streams(
+    raw: object,
+    problems: Problems,
+    base_dir: Path,
+    class_names: tuple[str, ...] = COCO_NAMES,
+    tracking: TrackingConfig | None = None,
+) -> tuple[StreamConfig, ...]:
+    """Check the ``streams:`` list; report every problem; return the streams that are valid.
+
+    ``class_names`` (model.class_names) resolve the class names of ``classes`` and zones; ``tracking`` is the
+    global section that ``streams[].tracking`` overrides."""
+    base_tracking = tracking or TrackingConfig()
     if not isinstance(raw, list):
         problems.add("streams", f"expected a list of streams (each with id: and url:), got {describe(raw)}")
         return ()
@@ -161,11 +273,27 @@ def parse_streams(raw: object, problems: Problems, base_dir: Path) -> tuple[Stre
             item,
             here,
             problems,
-            special={"url": lambda v, p: check_url(v, p, base_dir)},
+            special={
+                "url": lambda v, p: check_url(v, p, base_dir),
+                "detect_fps": check_detect_fps,
+                "classes": lambda v, p: resolve_classes(class_list(v, p), class_names, p),
+                "zones": lambda v, p: parse_zones(v, p, problems, class_names),
+                "tracking": lambda v, p: override_tracking(base_tracking, v, problems, p),
+            },
             what="a mapping with at least id: and url:",
         )
         if given is None:
             continue
+        for key in ("zones", "tracking"):  # None: the problems were reported inside
+            if given.get(key, ()) is None:
+                del given[key]
+        given.setdefault("tracking", base_tracking)
+        if given.get("zones_only") and not item.get("zones"):
+            problems.add(
+                f"{here}.zones_only",
+                "zones_only: true drops detections outside every zone, but this stream has no zones; "
+                "add zones: or delete zones_only",
+            )
         verify_stream_options(given, item, here, problems)
         stream_id = given.get("id")
         if stream_id is not None:

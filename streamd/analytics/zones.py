@@ -1,0 +1,129 @@
+"""Zones: polygons in source pixels, and which detections lie in them (vectorised over boxes and edges).
+
+A detection is *in* a zone when its anchor point lies inside the polygon (even-odd rule). Anchors:
+``bottom_center`` (default: where a person stands), ``center``, ``top_center``, ``bottom_left``,
+``bottom_right``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ANCHORS = ("bottom_center", "center", "top_center", "bottom_left", "bottom_right")
+
+
+def anchor_points(xyxy: np.ndarray, anchor: str) -> np.ndarray:
+    """(n, 4) boxes -> (n, 2) anchor points."""
+    x1, y1, x2, y2 = xyxy[:, 0], xyxy[:, 1], xyxy[:, 2], xyxy[:, 3]
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    x, y = {
+        "bottom_center": (cx, y2),
+        "center": (cx, cy),
+        "top_center": (cx, y1),
+        "bottom_left": (x1, y2),
+        "bottom_right": (x2, y2),
+    }[anchor]
+    return np.stack([x, y], axis=1).astype(np.float64)
+
+
+def points_in_polygon(points: np.ndarray, polygon: np.ndarray) -> np.ndarray:
+    """(n, 2) points, (m, 2) polygon vertices -> (n,) bool, by the even-odd (crossing number) rule."""
+    if len(points) == 0:
+        return np.zeros(0, bool)
+    px, py = points[:, 0:1], points[:, 1:2]  # (n, 1)
+    ax, ay = polygon[:, 0][None], polygon[:, 1][None]  # (1, m)
+    bx, by = np.roll(polygon[:, 0], -1)[None], np.roll(polygon[:, 1], -1)[None]
+    straddles = (ay > py) != (by > py)  # edge crosses the horizontal line through the point
+    dy = np.where(by == ay, 1.0, by - ay)
+    x_cross = ax + (py - ay) * (bx - ax) / dy
+    crossings = straddles & (px < x_cross)
+    return (crossings.sum(axis=1) % 2) == 1
+
+
+def _segments_cross(p1: np.ndarray, p2: np.ndarray, q1: np.ndarray, q2: np.ndarray) -> bool:
+    """True when segments p1-p2 and q1-q2 intersect (touching or collinear overlap included)."""
+
+    def orient(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> float:
+        return float((b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0]))
+
+    def on_segment(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> bool:
+        return min(a[0], b[0]) <= c[0] <= max(a[0], b[0]) and min(a[1], b[1]) <= c[1] <= max(a[1], b[1])
+
+    d1, d2 = orient(q1, q2, p1), orient(q1, q2, p2)
+    d3, d4 = orient(p1, p2, q1), orient(p1, p2, q2)
+    if ((d1 > 0) != (d2 > 0)) and d1 != 0 and d2 != 0 and ((d3 > 0) != (d4 > 0)) and d3 != 0 and d4 != 0:
+        return True
+    return (
+        (d1 == 0 and on_segment(q1, q2, p1))
+        or (d2 == 0 and on_segment(q1, q2, p2))
+        or (d3 == 0 and on_segment(p1, p2, q1))
+        or (d4 == 0 and on_segment(p1, p2, q2))
+    )
+
+
+def polygon_problem(points: Sequence[Sequence[float]]) -> str | None:
+    """Why ``points`` is not a usable zone polygon (None when it is): fewer than 3 points, repeated points,
+    zero area, or two edges that cross (a self-intersecting "bow tie")."""
+    if len(points) < 3:
+        return f"a polygon needs at least 3 points [x, y], got {len(points)}"
+    poly = np.asarray(points, np.float64)
+    for i in range(len(poly)):
+        if np.array_equal(poly[i], poly[(i + 1) % len(poly)]):
+            return f"points {i} and {(i + 1) % len(poly)} are the same point {poly[i].tolist()}; delete one"
+    m = len(poly)
+    for i in range(m):
+        for j in range(i + 1, m):
+            if j == i + 1 or (i == 0 and j == m - 1):
+                continue  # neighbouring edges share a point
+            if _segments_cross(poly[i], poly[(i + 1) % m], poly[j], poly[(j + 1) % m]):
+                return (
+                    f"edges {i}-{(i + 1) % m} and {j}-{(j + 1) % m} cross (the polygon intersects itself); "
+                    "list the points in order around the area"
+                )
+    x, y = poly[:, 0], poly[:, 1]
+    area = 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+    if area == 0:
+        return "the points lie on one line (the polygon has no area)"
+    return None
+
+
+class ZoneSet:
+    """A stream's zones: ``membership(xyxy, class_id) -> (n, z)`` bool (detection i in zone k)."""
+
+    def __init__(self, zones: Sequence[object]) -> None:
+        self.names = [z.name for z in zones]  # type: ignore[attr-defined]
+        self.polygons = [np.asarray(z.polygon, np.float64) for z in zones]  # type: ignore[attr-defined]
+        self.anchors = [z.anchor for z in zones]  # type: ignore[attr-defined]
+        self.classes = [
+            None if z.classes is None else np.asarray(z.classes, np.int64)  # type: ignore[attr-defined]
+            for z in zones
+        ]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def outside(self, width: int, height: int) -> list[str]:
+        """Names of zones with a point outside a ``width`` x ``height`` frame."""
+        return [
+            name
+            for name, p in zip(self.names, self.polygons, strict=True)
+            if (p[:, 0] > width).any() or (p[:, 1] > height).any()
+        ]
+
+    def membership(self, xyxy: np.ndarray, class_id: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(xyxy), len(self.names)), bool)
+        if len(xyxy) == 0:
+            return out
+        points: dict[str, np.ndarray] = {}
+        for k, (poly, anchor, classes) in enumerate(
+            zip(self.polygons, self.anchors, self.classes, strict=True)
+        ):
+            if anchor not in points:
+                points[anchor] = anchor_points(xyxy, anchor)
+            inside = points_in_polygon(points[anchor], poly)
+            if classes is not None:
+                inside &= np.isin(class_id, classes)
+            out[:, k] = inside
+        return out
