@@ -6,7 +6,10 @@
 //    (warp-aggregated atomics) to a per-frame key list. A key is (orderable score bits << 32) | ~index, so
 //    sorting keys in descending order gives descending score with ties broken by the lower index: the same
 //    order as the CPU twin's stable sort, whatever order the atomics appended them in. Boxes and classes
-//    are stored at the candidate's own index.
+//    are stored at the candidate's own index. With a per-frame threshold table (thresholds [B, C], +inf for a
+//    filtered class; null = the scalar threshold for every class) the candidate's best class picks its
+//    threshold, so filtered classes never reach top-K or NMS (a class id outside 0..C-1, possible with
+//    end2end models, uses the scalar threshold).
 // 2. nms_select: one block per frame. Radix select of the top_k largest keys (8-bit digits, stops as soon
 //    as the boundary bin is taken whole), bitonic sort of those in shared memory, then class-aware greedy NMS
 //    with an IoU bitmask (bit k of mask[j][i] says candidate i suppresses candidate 64 j + k), resolved 64
@@ -47,7 +50,8 @@ __device__ __forceinline__ u32 lanemask_lt(int lane) { return (1u << lane) - 1u;
 template <int LAYOUT, typename T>
 __device__ __forceinline__ void decode(const T* __restrict__ raw, int n, int num_classes, float threshold,
                                        u64* __restrict__ keys, float4* __restrict__ boxes,
-                                       int* __restrict__ classes, int* __restrict__ counts) {
+                                       int* __restrict__ classes, int* __restrict__ counts,
+                                       const float* __restrict__ thresholds) {
     const int b = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     bool take = false;
@@ -98,7 +102,10 @@ __device__ __forceinline__ void decode(const T* __restrict__ raw, int n, int num
             const float hw = __fmul_rn(w, 0.5f), hh = __fmul_rn(h, 0.5f);
             box = make_float4(__fsub_rn(cx, hw), __fsub_rn(cy, hh), __fadd_rn(cx, hw), __fadd_rn(cy, hh));
         }
-        if (score > threshold) {
+        float limit = threshold;
+        if (thresholds != nullptr && cls >= 0 && cls < num_classes)
+            limit = thresholds[static_cast<size_t>(b) * num_classes + cls];
+        if (score > limit) {
             take = true;
             key = (static_cast<u64>(orderable(score)) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
         }
@@ -126,8 +133,10 @@ using streamd_post::u64;
 #define STREAMD_DECODE(NAME, LAYOUT, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         NAME(const T* __restrict__ raw, int n, int num_classes, float threshold, u64* __restrict__ keys,  \
-             float4* __restrict__ boxes, int* __restrict__ classes, int* __restrict__ counts) {            \
-        streamd_post::decode<LAYOUT, T>(raw, n, num_classes, threshold, keys, boxes, classes, counts);     \
+             float4* __restrict__ boxes, int* __restrict__ classes, int* __restrict__ counts,              \
+             const float* __restrict__ thresholds) {                                                       \
+        streamd_post::decode<LAYOUT, T>(raw, n, num_classes, threshold, keys, boxes, classes, counts,      \
+                                        thresholds);                                                       \
     }
 
 STREAMD_DECODE(decode_yolov8_f32, streamd_post::kYolov8, float)

@@ -20,7 +20,7 @@ from streamd.engines import EngineError, create_engine
 from streamd.ingest import StreamWorker
 from streamd.metrics import MetricsServer
 from streamd.pipeline.batcher import Batcher
-from streamd.pipeline.postprocess import PostprocessSpec, resolve_layout
+from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resolve_layout
 from streamd.pipeline.preprocess import PreprocessSpec
 from streamd.pipeline.scheduler import Scheduler
 from streamd.pipeline.stages import CpuStages, Stages
@@ -64,8 +64,9 @@ def build_stages(config: Config) -> Stages:
         layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
         pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
         post = PostprocessSpec(
-            layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k
-        )
+            layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k,
+            thresholds=ClassThresholds.from_config(config),
+        )  # fmt: skip
         if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
             from streamd.gpu.stages import GpuStages
 

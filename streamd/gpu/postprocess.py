@@ -8,6 +8,11 @@ det float32 [max_batch, max_det, 6]]``. ``results.download(host, stream, batch)`
 (pinned), and ``host.detections(batch)`` turns them into ``Detections`` once the stream has passed it.
 Same semantics as the CPU twin (``streamd.pipeline.postprocess``): detections in model-input pixels.
 
+Class filter / per-class thresholds (``spec.thresholds``): each call writes the batch's [B, C] threshold rows
+(one per frame, by its stream; +inf for filtered classes) into the results' pinned staging table and copies
+it to the device on the same stream before the decode kernel, which compares each candidate's best class
+score with its row. Pass ``stream_ids`` then; without ``spec.thresholds`` no table is made (scalar threshold).
+
 Scratch memory is owned by the postprocessor and shared by its calls; each call waits (on the device) for the
 previous call's kernels, so calls from different streams are safe.
 """
@@ -15,10 +20,20 @@ previous call's kernels, so calls from different streams are safe.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import numpy as np
 
-from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_dtoh, device_pointer
+from streamd.gpu.cuda import (
+    Context,
+    DeviceBuffer,
+    Event,
+    PinnedBuffer,
+    Stream,
+    copy_dtoh,
+    copy_htod,
+    device_pointer,
+)
 from streamd.gpu.kernels import KernelLoader
 from streamd.pipeline.postprocess import PostprocessSpec
 from streamd.types import Detections
@@ -46,12 +61,18 @@ def nms_geometry(spec: PostprocessSpec, num_anchors: int, max_det: int) -> tuple
 class NmsResults:
     """Device buffer of one batch's results (see the module docstring for the layout)."""
 
-    def __init__(self, max_batch: int, max_det: int) -> None:
+    def __init__(self, max_batch: int, max_det: int, num_classes: int = 0) -> None:
+        """``num_classes`` > 0: also a [max_batch, C] float32 threshold table (device + pinned staging)."""
         self.max_batch, self.max_det = max_batch, max_det
         self.header = _header_bytes(max_batch)
         self.buffer = DeviceBuffer(self.header + max_batch * max_det * 6 * 4)
         self.counts_ptr = self.buffer.ptr
         self.det_ptr = self.buffer.ptr + self.header
+        self.thresholds: DeviceBuffer | None = None
+        self.thresholds_host: PinnedBuffer | None = None
+        if num_classes > 0:
+            self.thresholds = DeviceBuffer(max_batch * num_classes * 4)
+            self.thresholds_host = PinnedBuffer(max_batch * num_classes * 4)
 
     def nbytes(self, batch: int) -> int:
         """Bytes that carry the counts and the first ``batch`` frames' rows."""
@@ -68,6 +89,9 @@ class NmsResults:
 
     def close(self) -> None:
         self.buffer.close()
+        for owned in (self.thresholds, self.thresholds_host):
+            if owned is not None:
+                owned.close()
 
 
 class HostNmsResults:
@@ -167,13 +191,24 @@ class GpuPostprocessor:
         }[self.spec.layout]
 
     def new_results(self) -> NmsResults:
-        return NmsResults(self.max_batch, self.max_det)
+        table = self.spec.thresholds
+        return NmsResults(self.max_batch, self.max_det, table.num_classes if table is not None else 0)
 
     def new_host_results(self) -> HostNmsResults:
         return HostNmsResults(self.max_batch, self.max_det)
 
-    def __call__(self, output: object, batch: int, stream: Stream, results: NmsResults) -> NmsResults:
-        """Enqueue postprocess of ``batch`` frames of raw output (device address) into ``results``."""
+    def __call__(
+        self,
+        output: object,
+        batch: int,
+        stream: Stream,
+        results: NmsResults,
+        stream_ids: Sequence[str] | None = None,
+    ) -> NmsResults:
+        """Enqueue postprocess of ``batch`` frames of raw output (device address) into ``results``.
+
+        ``stream_ids``: each frame's stream, needed with ``spec.thresholds`` (class filter). The threshold
+        rows are staged in the pinned table of ``results``: reuse it only after its previous call finished."""
         if not 1 <= batch <= self.max_batch:
             raise ValueError(f"GpuPostprocessor: batch {batch} outside 1..{self.max_batch}")
         if (results.max_batch, results.max_det) != (self.max_batch, self.max_det):
@@ -182,6 +217,21 @@ class GpuPostprocessor:
         if self._done is not None:
             stream.wait(self._done)  # the scratch buffers are free once the previous call's kernels ran
         self._counts.fill_u32(0, stream, count=batch)
+        thresholds_ptr = 0
+        table = self.spec.thresholds
+        if table is not None:
+            if stream_ids is None or len(stream_ids) != batch:
+                raise ValueError("GpuPostprocessor: class thresholds need the stream id of every frame")
+            if results.thresholds is None or results.thresholds_host is None:
+                raise ValueError("GpuPostprocessor: results buffer made without a threshold table")
+            c = table.num_classes
+            if c != self.spec.num_classes:
+                raise ValueError(
+                    f"GpuPostprocessor: threshold rows have {c} classes, spec {self.spec.num_classes}"
+                )
+            table.rows(stream_ids, out=results.thresholds_host.array(np.float32, (batch, c)))
+            copy_htod(results.thresholds.ptr, results.thresholds_host.ptr, batch * c * 4, stream)
+            thresholds_ptr = results.thresholds.ptr
         keys, boxes, classes, counts = (
             ctypes.c_uint64(self._keys.ptr),
             ctypes.c_uint64(self._boxes.ptr),
@@ -201,6 +251,7 @@ class GpuPostprocessor:
                 boxes,
                 classes,
                 counts,
+                ctypes.c_uint64(thresholds_ptr),
             ),
         )
         self.nms.launch(

@@ -173,7 +173,7 @@ class GpuStages:
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         self.s3.wait(buf.events[2])
         n = len(slot.frames)
-        self.post(buf.output.ptr, n, self.s3, buf.results)
+        self.post(buf.output.ptr, n, self.s3, buf.results, [f.stream_id for f in slot.frames])
         buf.results.download(buf.host, self.s3, n)
         buf.events[3].record(self.s3)
 

@@ -5,19 +5,72 @@ Layouts (B = batch, C = classes):
 - ``yolov5``  [B, N, 5 + C]: cx, cy, w, h, objectness, C class scores (score = obj * cls);
 - ``end2end`` [B, K, 6]: x1, y1, x2, y2, score, class id, NMS already done (rows with score <= 0 are empty).
 For each frame: best class per candidate, score threshold, keep the ``top_k`` best, class-aware greedy NMS
-by IoU, keep ``max_detections``. Ties in score keep the lower candidate index first (stable sort), which the
-CUDA kernel matches.
+by IoU, keep ``max_detections``. With ``PostprocessSpec.thresholds`` (model.classes, streams[].classes,
+model.class_thresholds) the threshold is looked up per frame (by its stream) and per best class, +inf for a
+filtered class, *before* top-K and NMS: filtered classes never use up ``top_k`` or ``max_detections``, and a
+candidate whose best class is filtered is dropped, never relabelled with its second-best class.
+Ties in score keep the lower candidate index first (stable sort), which the CUDA kernel matches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from streamd.types import Detections
 
 LAYOUTS = ("yolov8", "yolov5", "end2end")
+
+
+class ClassThresholds:
+    """Score threshold per stream and class: rows of C float32, ``+inf`` where a class is filtered out.
+
+    ``rows(stream_ids)`` gives the [B, C] array of one batch (one row per frame, by the frame's stream);
+    a stream without its own row uses ``default``.
+    """
+
+    def __init__(
+        self, default: Sequence[float], per_stream: Mapping[str, Sequence[float]] | None = None
+    ) -> None:
+        self.default = np.asarray(default, np.float32)
+        if self.default.ndim != 1 or len(self.default) == 0:
+            raise ValueError(
+                f"ClassThresholds: expected a row of C thresholds, got shape {self.default.shape}"
+            )
+        self.per_stream = {k: np.asarray(v, np.float32) for k, v in (per_stream or {}).items()}
+        for sid, row in self.per_stream.items():
+            if row.shape != self.default.shape:
+                raise ValueError(
+                    f"ClassThresholds: stream {sid!r} row {row.shape}, expected {self.default.shape}"
+                )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.default)
+
+    @classmethod
+    def from_config(cls, config: Any) -> ClassThresholds | None:
+        """From a ``streamd.config.Config``; None when no class filter or per-class threshold is configured
+        (then the plain ``score_threshold`` applies, with no per-frame table)."""
+        model = config.model
+        if (
+            model.classes is None
+            and not model.class_thresholds
+            and all(s.classes is None for s in config.streams)
+        ):
+            return None
+        per_stream = {s.id: model.thresholds(s.classes) for s in config.streams if s.classes is not None}
+        return cls(model.thresholds(), per_stream)
+
+    def rows(self, stream_ids: Sequence[str], out: np.ndarray | None = None) -> np.ndarray:
+        """[len(stream_ids), C] float32 (written into ``out`` when given)."""
+        table = np.empty((len(stream_ids), self.num_classes), np.float32) if out is None else out
+        for i, sid in enumerate(stream_ids):
+            table[i] = self.per_stream.get(sid, self.default)
+        return table
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +81,7 @@ class PostprocessSpec:
     iou_threshold: float = 0.45
     max_detections: int = 100
     top_k: int = 1000
+    thresholds: ClassThresholds | None = None  # per-stream, per-class thresholds (class filter); None = off
 
 
 def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str:
@@ -59,8 +113,13 @@ def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str
     return layout
 
 
-def candidates(out: np.ndarray, spec: PostprocessSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One frame's raw output -> (xyxy (n, 4), score (n,), class_id (n,)) above threshold, best first."""
+def candidates(
+    out: np.ndarray, spec: PostprocessSpec, thresholds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One frame's raw output -> (xyxy (n, 4), score (n,), class_id (n,)) above threshold, best first.
+
+    ``thresholds``: this frame's row of C per-class thresholds (None: ``spec.score_threshold`` for all); a
+    class id outside 0..C-1 (end2end models) gets ``spec.score_threshold``."""
     if spec.layout == "end2end":
         xyxy, score, cls = out[:, :4], out[:, 4], out[:, 5]
     else:
@@ -73,7 +132,13 @@ def candidates(out: np.ndarray, spec: PostprocessSpec) -> tuple[np.ndarray, np.n
             cls = out[:, 5:].argmax(1)
             score = out[:, 4] * np.take_along_axis(out[:, 5:], cls[:, None], 1)[:, 0]
         xyxy = np.concatenate([box[:, :2] - box[:, 2:] / 2, box[:, :2] + box[:, 2:] / 2], axis=1)
-    keep = np.flatnonzero(score > spec.score_threshold)
+    if thresholds is None:
+        keep = np.flatnonzero(score > spec.score_threshold)
+    else:
+        ci = cls.astype(np.int64)
+        valid = (ci >= 0) & (ci < len(thresholds))
+        limit = np.where(valid, thresholds[np.where(valid, ci, 0)], np.float32(spec.score_threshold))
+        keep = np.flatnonzero(score.astype(np.float32) > limit)
     order = keep[np.argsort(-score[keep], kind="stable")][: spec.top_k]
     return (
         xyxy[order].astype(np.float32),
@@ -118,11 +183,17 @@ class CpuPostprocessor:
     def __init__(self, spec: PostprocessSpec) -> None:
         self.spec = spec
 
-    def __call__(self, output: np.ndarray) -> list[Detections]:
+    def __call__(self, output: np.ndarray, stream_ids: Sequence[str] | None = None) -> list[Detections]:
+        """``stream_ids``: the stream of each frame, for per-stream class thresholds (``spec.thresholds``)."""
         spec = self.spec
+        table = None
+        if spec.thresholds is not None:
+            if stream_ids is None or len(stream_ids) != len(output):
+                raise ValueError("CpuPostprocessor: class thresholds need the stream id of every frame")
+            table = spec.thresholds.rows(stream_ids)
         results = []
-        for out in output:
-            xyxy, score, cls = candidates(out, spec)
+        for i, out in enumerate(output):
+            xyxy, score, cls = candidates(out, spec, None if table is None else table[i])
             if spec.layout == "end2end":
                 keep = np.arange(min(len(score), spec.max_detections))
             else:

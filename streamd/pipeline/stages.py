@@ -83,7 +83,7 @@ class CpuStages:
     def postprocess(self, slot: Slot) -> None:
         t = time.perf_counter()
         buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        buf.detections = self._post(buf.output)  # type: ignore[arg-type]
+        buf.detections = self._post(buf.output, [f.stream_id for f in slot.frames])  # type: ignore[arg-type]
         buf.output = None
         slot.stage_ms["postprocess"] = (time.perf_counter() - t) * 1e3
 
