@@ -1,13 +1,35 @@
-"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``, ``streamd build-engine [CONFIG]``."""
+"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``, ``streamd build-engine [CONFIG]``.
+
+Every start-up failure ends here as one line on stderr and a documented exit code (``streamd/exitcodes.py``):
+a bad config or a model that does not fit it 78, a missing GPU/driver/engine 69, an output that cannot be
+created 73, a bug 70 (its traceback only with ``--log-level debug``). Until the daemon installs its own
+handlers, SIGTERM and SIGINT stop start-up with one line and exit 0: nothing was running yet.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from types import FrameType
 
 from streamd import __version__
-from streamd.config import EX_CONFIG, ConfigError, load_config
+from streamd.exitcodes import EX_CONFIG, EX_OK, EX_SOFTWARE, StartupError
+
+log = logging.getLogger("streamd")
+
+
+class _StoppedEarly(BaseException):
+    """SIGTERM/SIGINT arrived before the daemon took over signal handling (a BaseException, like
+    KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+
+
+def _stop_early(signum: int, _frame: FrameType | None) -> None:
+    raise _StoppedEarly(signum)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,8 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="YAML config file (default: the bundled demo config)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides log_level")
     run.add_argument("--no-status", action="store_true", help="no one-line status display on stderr")
-    check = sub.add_parser("check", help="validate a config file and exit (0 = valid, 78 = invalid)")
+    check = sub.add_parser(
+        "check", help="validate a config file and its model, and exit (0 = valid, 78 = invalid)"
+    )
     check.add_argument("config", help="YAML config file")
+    check.add_argument(
+        "--no-model",
+        action="store_true",
+        help="do not open the model file (check the config alone, e.g. on a box without the model)",
+    )
     from streamd.engines.build import add_build_engine_parser  # argparse only; TensorRT loads on use
 
     add_build_engine_parser(sub)
@@ -29,19 +58,56 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    command = args.command or "run"
-    config_path = getattr(args, "config", None)
+    previous = {s: signal.signal(s, _stop_early) for s in (signal.SIGTERM, signal.SIGINT)}
+    from streamd.config import ConfigError  # after the handlers: the config package imports PyYAML
+
     try:
-        config = load_config(config_path)
+        args = _parser().parse_args(argv)
+        return _main(args, args.command or "run")
     except ConfigError as exc:
-        print(f"streamd: invalid config ({len(exc.problems)} problem(s)):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
+        _print_problems(exc.problems)
         return EX_CONFIG
+    except StartupError as exc:
+        print(f"streamd: {exc}", file=sys.stderr)
+        return exc.code
+    except _StoppedEarly as exc:
+        print(f"streamd: {exc} before start-up finished; stopped (nothing was running yet)", file=sys.stderr)
+        return EX_OK
+    except Exception as exc:  # a bug: one line; the traceback at debug level
+        log.debug("start-up failed", exc_info=True)
+        print(
+            f"streamd: internal error: {type(exc).__name__}: {exc} (--log-level debug shows where)",
+            file=sys.stderr,
+        )
+        return EX_SOFTWARE
+    finally:  # the daemon replaced these with its own while it ran; put back what the caller had
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _print_problems(problems: list[str]) -> None:
+    print(f"streamd: invalid config ({len(problems)} problem(s)):", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+
+
+def _main(args: argparse.Namespace, command: str) -> int:
+    from streamd.config import ConfigError, load_config
+
+    config = load_config(getattr(args, "config", None))
     if command == "check":
-        print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s))", file=sys.stderr)
-        return 0
+        summary = ""
+        if not args.no_model:
+            from streamd.model_check import check_model
+
+            report = check_model(config)
+            if report.problems:
+                raise ConfigError(report.problems)
+            for note in report.notes:
+                print(f"streamd: note: {note}", file=sys.stderr)
+            summary = f"; {report.summary}"
+        print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
+        return EX_OK
     level = (getattr(args, "log_level", None) or config.log_level).upper()
     if command == "build-engine":
         from streamd.engines.build import run_build_engine
@@ -51,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from streamd.model_check import check_model
+
+    report = check_model(config)  # the same model check as `streamd check`: refuse before anything starts
+    if report.problems:
+        raise ConfigError(report.problems)
     from streamd.daemon import Daemon  # imported late: `check` must not load engines
 
     status = False if getattr(args, "no_status", False) else None

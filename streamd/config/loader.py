@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -49,6 +50,12 @@ class Config:
         "info", "least severe log level written to stderr"
     )
     source: str = opt("<config>", "the config file this came from, or '<bundled demo>' (not a config key)")
+    lines: Mapping[str, int] = field(
+        default_factory=dict,
+        compare=False,
+        repr=False,
+        metadata={"doc": "key path -> line in the file, for checks made after loading (not a config key)"},
+    )
 
     @property
     def stream_ids(self) -> tuple[str, ...]:
@@ -157,6 +164,7 @@ def _parse(data: object, problems: Problems) -> Config:
         tracking=tracking,
         log_level=log_level,
         source=problems.source,
+        lines=dict(problems.marks),
     )
 
 

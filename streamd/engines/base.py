@@ -29,6 +29,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from streamd.exitcodes import EX_CONFIG, StartupError
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -66,6 +68,52 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the model; safe to call twice."""
         ...
+
+
+class ImageByImage:
+    """A batch-1 engine serving batches of up to ``max_batch`` one image at a time (models whose ONNX fixes
+    the batch at 1 and cannot be proven equivalent with a dynamic batch). Everything else is the engine's."""
+
+    def __init__(self, engine: Engine, max_batch: int) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._in_bytes = input_nbytes(engine, 1)
+        self._out_bytes = output_nbytes(engine, 1)
+
+    def __getattr__(self, name: str) -> Any:  # name, on_device, shapes, dtypes, backend extras
+        return getattr(self.engine, name)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        if len(batch) > self.max_batch:
+            raise EngineError(f"{self.engine.name}: batch {len(batch)} > max_batch {self.max_batch}")
+        return np.concatenate([self.engine.infer(batch[i : i + 1]) for i in range(len(batch))])
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+        if not 1 <= batch <= self.max_batch:
+            raise EngineError(f"{self.engine.name}: batch {batch} outside 1..{self.max_batch}")
+        for i in range(batch):
+            self.engine.enqueue(input_ptr + i * self._in_bytes, output_ptr + i * self._out_bytes, 1, stream)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _fixed_batch(engine: Engine, max_batch: int, model_path: Path) -> Engine:
+    """The engine for a model whose batch is fixed below ``max_batch``: batch 1 runs image by image."""
+    if engine.max_batch != 1:
+        engine.close()
+        raise StartupError(
+            f"model.path: {model_path.name} has its batch fixed at {engine.max_batch}; streamd runs a fixed "
+            "batch only when it is 1 (image by image): export the model with a dynamic batch or batch 1",
+            EX_CONFIG,
+        )
+    log.info(
+        "engine: %s fixes its batch at 1 and cannot be made batch-dynamic: batches of up to %d run "
+        "image by image",
+        model_path.name,
+        max_batch,
+    )
+    return ImageByImage(engine, max_batch)
 
 
 def output_nbytes(engine: Engine, batch: int) -> int:
@@ -159,6 +207,8 @@ def create_engine(
     engine: Engine = getattr(module, factory)(
         Path(model_path), max_batch=max_batch, precision=precision, threads=threads, **options
     )
+    if engine.max_batch < max_batch:
+        engine = _fixed_batch(engine, max_batch, Path(model_path))
     log.info(
         "engine: %s (%s, max batch %d, %s in, %s out)",
         engine.name,

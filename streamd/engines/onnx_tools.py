@@ -199,7 +199,13 @@ def verify_batch_dynamic(original: Any, dynamic: Any, batch: int = 2, atol: floa
     one = ort.InferenceSession(original.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     many = ort.InferenceSession(dynamic.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     ref = np.concatenate([one.run(None, {io.input_name: x[i : i + 1]})[0] for i in range(batch)])
-    got = many.run(None, {io.input_name: x})[0]
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failing run is an answer here, not an error to print
+    try:
+        got = many.run(None, {io.input_name: x}, quiet)[0]
+    except Exception as exc:  # e.g. a Reshape to a fixed element count: the rewrite does not hold
+        log.debug("batch-dynamic rewrite fails at batch %d: %s", batch, exc)
+        return False
     return got.shape == ref.shape and bool(np.allclose(got, ref, atol=atol, rtol=1e-4))
 
 
