@@ -15,8 +15,9 @@ import time
 from types import FrameType
 
 from streamd import systemd
-from streamd.config import EX_CONFIG, Config, JsonlSinkConfig
+from streamd.config import EX_CONFIG, Config
 from streamd.engines import EngineError, create_engine
+from streamd.exitcodes import StartupError
 from streamd.ingest import StreamWorker
 from streamd.metrics import MetricsServer
 from streamd.pipeline.batcher import Batcher
@@ -24,22 +25,12 @@ from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resol
 from streamd.pipeline.preprocess import PreprocessSpec
 from streamd.pipeline.scheduler import Scheduler
 from streamd.pipeline.stages import CpuStages, Stages
+from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
-from streamd.sinks.jsonl import JsonlFileSink, StdoutSink
 from streamd.sinks.record import to_json_line
 from streamd.types import FrameResult
 
 log = logging.getLogger(__name__)
-
-
-def build_sinks(config: Config) -> list[LineSink]:
-    sinks: list[LineSink] = []
-    for s in config.sinks:
-        if isinstance(s, JsonlSinkConfig):
-            sinks.append(JsonlFileSink(s.path, s.queue_size, s.flush_every))
-        else:
-            sinks.append(StdoutSink(s.queue_size))
-    return sinks
 
 
 def build_stages(config: Config) -> Stages:
@@ -100,6 +91,7 @@ class Daemon:
         self.sinks: list[LineSink] = []
         self.batcher: Batcher | None = None
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
+        self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate)
         self.ready_at = self.last_result_at = 0.0  # perf_counter: model loaded and warm / last result out
         self._t0 = time.monotonic()
         self._last_results, self._last_progress = -1, self._t0
@@ -108,6 +100,9 @@ class Daemon:
         self._watchdog_s = usec / 1e6 if usec else 0.0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reopen.set()
+            return
         if self.stop.is_set() and signum == signal.SIGINT:
             self._abort.set()  # second Ctrl-C: do not wait for the drain
         self.stop.set()
@@ -127,6 +122,15 @@ class Daemon:
                     exc,
                 )
                 return 1
+        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self.stop.set)  # every reader left: stop
+        try:  # open outputs before the model loads: an unwritable file fails now, not after minutes
+            sink_set.start()
+        except StartupError as exc:
+            log.error("%s", exc)
+            if metrics is not None:
+                metrics.close()
+            return exc.code
+        self.sinks = sink_set.sinks
         stages: Stages | None = None
         try:
             stages = build_stages(cfg)
@@ -136,6 +140,7 @@ class Daemon:
             for owner in (stages, metrics):
                 if owner is not None:
                     owner.close()
+            sink_set.close(timeout=1)
             return EX_CONFIG
         batcher = self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
         options: dict[str, int] = {}
@@ -151,13 +156,11 @@ class Daemon:
                     sc, q, self.stop, decoder=decoder, device=cfg.engine.device, decoder_options=options
                 )
             )
-        sinks = self.sinks = build_sinks(cfg)
+        sinks = self.sinks
         names = cfg.model.class_names
 
         def on_result(result: FrameResult) -> None:
-            line = to_json_line(result, names)
-            for s in sinks:
-                s.submit(line)
+            sink_set.submit(to_json_line(result, names), result.frame.stream_id)
             self.results += 1
             self.last_result_at = time.perf_counter()
 
@@ -168,10 +171,9 @@ class Daemon:
         )  # fmt: skip
         previous = {}
         if threading.current_thread() is threading.main_thread():  # embedders may run us in a thread
-            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            previous = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
-            for s in sinks:
-                s.start()
             if metrics is not None:
                 metrics.start()
             scheduler.start()
@@ -194,8 +196,7 @@ class Daemon:
             if not scheduler.join(timeout=10):
                 scheduler.abort.set()
                 scheduler.join(timeout=5)
-            for s in sinks:
-                s.close(timeout=10)
+            sink_set.close(timeout=10)
             stages.close()
             if metrics is not None:
                 metrics.close()
@@ -208,7 +209,10 @@ class Daemon:
         failed = [w.cfg.id for w in self.workers if w.stats.state == "failed"]
         if failed:  # the others ran to the end; the exit status still says something was lost
             log.error("streamd: stream(s) failed: %s (see the errors above)", ", ".join(failed))
-        return 1 if scheduler.error is not None or failed else 0
+        lost = sink_set.summary()
+        if lost:  # the exit status says output was lost (unless the config says those drops are fine)
+            log.error("streamd: %s", lost)
+        return 1 if scheduler.error is not None or failed or lost else 0
 
     def snapshot(self) -> dict:
         """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""
@@ -232,6 +236,7 @@ class Daemon:
             "streams": {sid: s["state"] for sid, s in per_stream.items()},
             "per_stream": per_stream,
             "sinks": {s.name: s.dropped for s in self.sinks},
+            "sink_stats": {s.name: s.stats() for s in self.sinks},
             "stalled": self._stalled(time.monotonic()),
         }
 
@@ -245,6 +250,10 @@ class Daemon:
         if self._watchdog_s and not self._stalled(now) and now - self._last_ping >= self._watchdog_s / 2:
             systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
             self._last_ping = now
+        if self._reopen.is_set():
+            self._reopen.clear()
+            for sink in self.sinks:
+                sink.reopen()
         if now - self._last_status >= 5:
             s = self.snapshot()
             systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped")

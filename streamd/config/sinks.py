@@ -1,8 +1,13 @@
-"""``sinks:`` — where the JSON lines go; each item is picked by its ``type:``."""
+"""``sinks:`` — where the JSON lines go; each item is picked by its ``type:``.
+
+Every sink has ``queue_size`` (lines buffered; beyond it lines are dropped and counted), ``skip_empty``
+(leave out frames without detections) and ``drops_ok`` (dropped lines do not make the exit status non-zero).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Union
@@ -12,6 +17,7 @@ from streamd.config._fields import (
     Invalid,
     Problems,
     describe,
+    existing_file,
     opt,
     path_text,
     read_section,
@@ -20,17 +26,31 @@ from streamd.config._fields import (
     suggest,
 )
 
+_QUEUE_DOC = "lines buffered for this sink; when full, new lines are dropped and counted"
+_SKIP_DOC = "leave out frames without detections"
+_DROPS_DOC = "lines this sink drops do not make the exit status non-zero"
+
 
 @dataclass(frozen=True)
 class JsonlSinkConfig:
-    """Append one JSON line per frame result to a file."""
+    """Append one JSON line per frame result to a file; rotation by size and/or age, reopen on SIGHUP."""
 
     path: Path = required(  # noqa: RUF009 (required() is a dataclasses.field)
         "the output file, relative to the config file's folder; its folder must exist",
         ask="the output file, relative to the config file's folder",
     )
     flush_every: int = opt(1, "flush the file after this many lines", ge=1)
-    queue_size: int = opt(4096, "results buffered for this sink", ge=1)
+    queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
+    rotate_bytes: int = opt(0, "rotate when the file reaches this many bytes; 0 = never by size", ge=0)
+    rotate_interval_s: float = opt(
+        0.0, "rotate when the file is this many seconds old; 0 = never by age", ge=0
+    )
+    keep: int = opt(5, "rotated files kept (path.1 is the newest); older ones are deleted", ge=1, le=1000)
+    fsync: Literal["never", "rotate", "flush"] = opt(
+        "rotate", "fsync the file: never, at rotation/reopen/close, or after every flush"
+    )
+    skip_empty: bool = opt(False, _SKIP_DOC)
+    drops_ok: bool = opt(False, _DROPS_DOC)
     type: Literal["jsonl"] = field(default="jsonl", init=False)
 
 
@@ -38,15 +58,95 @@ class JsonlSinkConfig:
 class StdoutSinkConfig:
     """Write one JSON line per frame result to standard output (logs go to stderr)."""
 
-    queue_size: int = opt(4096, "results buffered for this sink", ge=1)
+    queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
+    skip_empty: bool = opt(False, _SKIP_DOC)
+    drops_ok: bool = opt(False, _DROPS_DOC)
     type: Literal["stdout"] = field(default="stdout", init=False)
 
 
-SinkConfig = Union[JsonlSinkConfig, StdoutSinkConfig]  # noqa: UP007 (a runtime alias must work on 3.10 too)
-SINK_TYPES: dict[str, type[JsonlSinkConfig] | type[StdoutSinkConfig]] = {
+_TOPIC = r"[^#+\s]+"  # publish topics take no wildcards
+
+
+@dataclass(frozen=True)
+class MqttSinkConfig:
+    """Publish each JSON line to an MQTT broker (paho-mqtt), one topic per stream."""
+
+    host: str = required(
+        "the broker's host name or IP address",
+        pattern=r"[^\s/]+",
+        pattern_doc="a host name or IP address (no spaces or slashes)",
+    )
+    port: int = opt(1883, "the broker's TCP port (8883 is usual with tls: true)", ge=1, le=65535)
+    tls: bool = opt(False, "connect with TLS (system CAs unless ca_file is given)")
+    ca_file: Path | None = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        None, "CA certificate file (PEM) for tls: true; default: the system CAs"
+    )
+    username: str = opt("", "user name; empty = no login")
+    password_file: Path | None = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        None, "file holding the password (first line); never logged"
+    )
+    password_env: str = opt(
+        "",
+        "environment variable holding the password (used when password_file is not given); never logged",
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+        pattern_doc="an environment variable name",
+    )
+    client_id: str = opt("", "MQTT client id; empty = streamd-<host name>-<process id>")
+    topic: str = opt(
+        "streamd/{stream}/detections",
+        "topic of each line; {stream} is replaced by the stream id",
+        pattern=_TOPIC,
+        pattern_doc="an MQTT topic without wildcards or spaces; {stream} = the stream id",
+    )
+    qos: int = opt(1, "MQTT quality of service of the lines: 0, 1 or 2", ge=0, le=2)
+    status_topic: str = opt(
+        "streamd/{stream}/status",
+        "retained per-stream status: online once the stream's first line is out, offline at exit",
+        pattern=_TOPIC,
+        pattern_doc="an MQTT topic without wildcards or spaces; {stream} = the stream id",
+    )
+    availability_topic: str = opt(
+        "streamd/status",
+        "retained online/offline of this streamd; the broker publishes offline (last will) if it dies",
+        pattern=_TOPIC,
+        pattern_doc="an MQTT topic without wildcards or spaces",
+    )
+    keepalive_s: int = opt(30, "MQTT keepalive; a dead broker is noticed within about 1.5 x this", ge=5)
+    reconnect_max_s: float = opt(30.0, "longest wait between reconnect attempts (backoff doubles)", ge=1)
+    queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
+    skip_empty: bool = opt(False, _SKIP_DOC)
+    drops_ok: bool = opt(False, _DROPS_DOC)
+    type: Literal["mqtt"] = field(default="mqtt", init=False)
+
+
+@dataclass(frozen=True)
+class HttpSinkConfig:
+    """POST the lines as JSON arrays (batches) to an HTTP endpoint (a webhook)."""
+
+    url: str = required(
+        "the endpoint, http:// or https://",
+        pattern=r"https?://[^\s]+",
+        pattern_doc="an http:// or https:// URL",
+    )
+    batch_size: int = opt(100, "most lines in one POST", ge=1, le=100000)
+    batch_timeout_ms: float = opt(
+        1000.0, "longest a line waits for its batch to fill before it is sent", ge=0
+    )
+    timeout_s: float = opt(10.0, "timeout of each request (connect and each read)", gt=0)
+    retry_max_s: float = opt(
+        30.0, "longest wait between retries of a batch after a 5xx or a connection error", ge=0.1
+    )
+    queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
+    skip_empty: bool = opt(False, _SKIP_DOC)
+    drops_ok: bool = opt(False, _DROPS_DOC)
+    type: Literal["http"] = field(default="http", init=False)
+
+
+SinkConfig = Union[JsonlSinkConfig, StdoutSinkConfig, MqttSinkConfig, HttpSinkConfig]  # noqa: UP007
+SINK_TYPES: dict[str, type] = {
     "jsonl": JsonlSinkConfig,
     "stdout": StdoutSinkConfig,
-}
+}  # mqtt and http join when their sinks land
 DEFAULT_SINKS: tuple[SinkConfig, ...] = (StdoutSinkConfig(),)
 
 
@@ -60,6 +160,36 @@ def check_output_file(value: object, path: str, base_dir: Path) -> Path:
             f"folder not found: {str(full.parent)!r} (for {str(value)!r}{note}); create it first", path
         )
     return full
+
+
+def check_topic_template(value: object, path: str, pattern: str, doc: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        raise Invalid(f"expected {doc}, got {describe(value)}", path)
+    names = set(re.findall(r"\{([^{}]*)\}", value))
+    if names - {"stream"}:
+        wrong = sorted(names - {"stream"})[0]
+        raise Invalid(f"unknown placeholder {{{wrong}}} in {value!r}; the only one is {{stream}}", path)
+    return value
+
+
+def _specials(cls: type, base_dir: Path) -> dict:
+    if cls is JsonlSinkConfig:
+        return {"path": lambda v, p: check_output_file(v, p, base_dir)}
+    if cls is MqttSinkConfig:
+
+        def file(v: object, p: str) -> Path:
+            return existing_file(path_text(v, p, "a file path"), p, base_dir)
+
+        def topic(doc: str) -> object:
+            return lambda v, p: check_topic_template(v, p, _TOPIC, doc)
+
+        return {
+            "ca_file": file,
+            "password_file": file,
+            "topic": topic("an MQTT topic without wildcards or spaces; {stream} = the stream id"),
+            "status_topic": topic("an MQTT topic without wildcards or spaces; {stream} = the stream id"),
+        }
+    return {}
 
 
 def parse_sinks(raw: object, problems: Problems, base_dir: Path) -> tuple[SinkConfig, ...]:
@@ -89,15 +219,9 @@ def parse_sinks(raw: object, problems: Problems, base_dir: Path) -> tuple[SinkCo
             problems.add(f"{here}.type", f"unknown sink type {shown}; valid types: {types}{hint}")
             continue
         cls = SINK_TYPES[kind]
-        given = read_section(
-            cls,
-            item,
-            here,
-            problems,
-            special={"path": lambda v, p: check_output_file(v, p, base_dir)},
-            extra_keys=["type"],
-        )
-        if given is None or (cls is JsonlSinkConfig and "path" not in given):
+        before = len(problems.items)
+        given = read_section(cls, item, here, problems, special=_specials(cls, base_dir), extra_keys=["type"])
+        if given is None or len(problems.items) > before:
             continue
         sink = cls(**given)
         if isinstance(sink, JsonlSinkConfig):
@@ -108,11 +232,17 @@ def parse_sinks(raw: object, problems: Problems, base_dir: Path) -> tuple[SinkCo
                     "give each jsonl sink its own file",
                 )
             first_use.setdefault(sink.path, index)
-        elif stdout_index is not None:
+        elif isinstance(sink, StdoutSinkConfig):
+            if stdout_index is not None:
+                problems.add(
+                    f"{here}.type",
+                    f"stdout is already written by sinks[{stdout_index}]; keep one stdout sink",
+                )
+            else:
+                stdout_index = index
+        elif isinstance(sink, MqttSinkConfig) and sink.ca_file is not None and not sink.tls:
             problems.add(
-                f"{here}.type", f"stdout is already written by sinks[{stdout_index}]; keep one stdout sink"
+                f"{here}.ca_file", "ca_file is given but tls is false; set tls: true or drop ca_file"
             )
-        else:
-            stdout_index = index
         sinks.append(sink)
     return tuple(sinks)

@@ -1,8 +1,18 @@
-"""Sinks write finished JSON lines, each behind its own bounded queue and thread.
+"""The sink contract: finished JSON lines in, each sink behind its own bounded queue and thread.
 
-``submit`` never blocks the pipeline: when a sink's queue is full (a slow disk, a stalled reader) the line
-is dropped and counted. A sink whose target breaks (closed pipe, full disk) logs once, counts every later
-line as dropped and leaves the other sinks alone.
+The supervisor calls, in this order:
+
+- ``start()`` once: opens the target. A failure that can be seen now (a read-only file, a full disk, a
+  missing password) raises ``StartupError`` (exit code ``EX_CANTCREAT`` or ``EX_CONFIG``).
+- ``submit(line, stream_id)`` per result line, from one thread. Never blocks: when the queue is full the line
+  is dropped and counted. Lines of one stream keep their order.
+- ``reopen()`` on SIGHUP (after logrotate moved a file); a no-op for sinks without files.
+- ``close(timeout)`` once at the end: writes what is queued within ``timeout``; what is left is dropped.
+
+A sink whose target breaks for good (closed pipe, full disk) logs once and counts every later line as
+dropped; the other sinks go on. ``stats()`` gives the counters; ``lost`` is what the exit status should count
+(``drops_ok`` sinks count 0); ``gone`` is True when the reader went away (stdout closed), which the supervisor
+treats like a Unix tool treats SIGPIPE once every sink is gone (``on_gone`` is called once when it happens).
 """
 
 from __future__ import annotations
@@ -10,74 +20,146 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import IO
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
-_CLOSE = None
+
+_CLOSE = ("", "")  # sentinel item: (stream_id, line) with an empty line
+EMPTY_MARK = '"detections":[]'  # how a frame without detections reads in a compact JSON line
 
 
 class LineSink:
-    def __init__(self, name: str, queue_size: int, flush_every: int = 1) -> None:
+    """Bounded queue + one writer thread. Subclasses implement ``_open`` and ``_serve``."""
+
+    kind = "sink"
+
+    def __init__(
+        self, name: str, queue_size: int, *, skip_empty: bool = False, drops_ok: bool = False
+    ) -> None:
         self.name = name
-        self.written = 0
-        self.dropped = 0
-        self.broken: str | None = None
-        self._flush_every = flush_every
-        self._q: queue.Queue[str | None] = queue.Queue(maxsize=queue_size)
-        self._target: IO[str] | None = None
+        self.skip_empty = skip_empty
+        self.drops_ok = drops_ok
+        self.written = 0  # lines delivered (written / published / acknowledged)
+        self.skipped = 0  # lines left out by skip_empty
+        self.broken: str | None = None  # why the target failed for good
+        self.gone = False  # the reader went away (stdout closed): stop like a Unix tool
+        self.on_gone: Callable[[], None] | None = None
+        self._dropped_full = 0  # counted by submit (queue full / broken) ...
+        self._dropped_out = 0  # ... and by the writer thread (failed writes, left at close)
+        self._logged: set[str] = set()
+        self._q: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()  # close() was called
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
-    def _open(self) -> IO[str]:
-        raise NotImplementedError
-
-    def _close_target(self, target: IO[str]) -> None:
-        target.close()
+    # -- the contract --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._target = self._open()
+        self._open()
         self._thread.start()
 
-    def submit(self, line: str) -> None:
-        if self.broken is not None:
-            self.dropped += 1
+    def submit(self, line: str, stream_id: str) -> None:
+        if self.skip_empty and EMPTY_MARK in line:
+            self.skipped += 1
+            return
+        if self.broken is not None or self.gone:
+            self._dropped_full += 1
             return
         try:
-            self._q.put_nowait(line)
+            self._q.put_nowait((stream_id, line))
         except queue.Full:
-            self.dropped += 1
+            self._dropped_full += 1
+
+    def reopen(self) -> None:
+        """SIGHUP: reopen the output (files only)."""
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, flush and close; gives up after ``timeout`` seconds (counted as dropped)."""
+        self._stop.set()
         if not self._thread.is_alive():
+            self._dropped_out += self._drain_uncounted()
             return
         try:
             self._q.put(_CLOSE, timeout=timeout)
         except queue.Full:
-            log.error("sink %s: could not drain within %.0f s", self.name, timeout)
+            self.log_once("drain", logging.ERROR, "could not drain within %.0f s", timeout)
         self._thread.join(timeout)
-        self.dropped += self._q.qsize()
+        self._dropped_out += self._drain_uncounted()
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped_full + self._dropped_out
+
+    @property
+    def lost(self) -> int:
+        """Lines that count against the exit status (0 for ``drops_ok`` sinks and for a reader that left)."""
+        return 0 if self.drops_ok or self.gone else self.dropped
+
+    @property
+    def queued(self) -> int:
+        return self._q.qsize()
+
+    def stats(self) -> dict:
+        """Plain counters for the snapshot, metrics and the summary."""
+        return {
+            "type": self.kind,
+            "written": self.written,
+            "dropped": self.dropped,
+            "skipped": self.skipped,
+            "queued": self.queued,
+            "broken": self.broken,
+            "gone": self.gone,
+        }
+
+    # -- for subclasses ------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        """Open the target (called by start, on the caller's thread); raise StartupError when it cannot."""
+
+    def _serve(self) -> None:
+        """The writer thread's loop: take items with ``_get`` until it returns the close sentinel."""
+        raise NotImplementedError
+
+    def _get(self, timeout: float | None = None) -> tuple[str, str] | None:
+        """The next (stream_id, line); ``_CLOSE`` at the end; None after ``timeout`` seconds of nothing."""
+        try:
+            return self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _drain_uncounted(self) -> int:
+        n = 0
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return n
+            if item is not _CLOSE:
+                n += 1
+
+    def _fail(self, reason: str) -> None:
+        """The target broke for good: log once; from now on every line is dropped and counted."""
+        if self.broken is None:
+            self.broken = reason
+            log.error("sink %s: output failed (%s); its lines are dropped from now on", self.name, reason)
+
+    def _went_away(self) -> None:
+        if not self.gone:
+            self.gone = True
+            log.info("sink %s: the reader closed the output; nothing more is written there", self.name)
+            if self.on_gone is not None:
+                self.on_gone()
+
+    def log_once(self, key: str, level: int, msg: str, *args: object) -> None:
+        """Log ``msg`` the first time ``key`` comes up for this sink (later repeats are only counted)."""
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, "sink %s: " + msg, self.name, *args)
 
     def _run(self) -> None:
-        target = self._target
-        assert target is not None
-        pending = 0
-        while (line := self._q.get()) is not _CLOSE:
-            if self.broken is not None:
-                self.dropped += 1
-                continue
-            try:
-                target.write(line)
-                self.written += 1
-                pending += 1
-                if pending >= self._flush_every or self._q.empty():
-                    target.flush()
-                    pending = 0
-            except (OSError, ValueError) as exc:  # ValueError: write to a closed file
-                self.broken = f"{type(exc).__name__}: {exc}"
-                self.dropped += 1
-                log.error("sink %s: output failed (%s); its lines are dropped from now on", self.name, exc)
         try:
-            target.flush()
-            self._close_target(target)
-        except (OSError, ValueError):
-            pass
+            self._serve()
+        except Exception as exc:  # a bug in a sink must not take the daemon down with it
+            log.exception("sink %s: writer thread failed", self.name)
+            self._fail(f"{type(exc).__name__}: {exc}")
+            while self._get() is not _CLOSE:
+                self._dropped_out += 1
