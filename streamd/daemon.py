@@ -17,6 +17,7 @@ from types import FrameType
 from streamd import systemd
 from streamd.config import EX_CONFIG, Config
 from streamd.engines import EngineError, create_engine
+from streamd.engines.verify import VerifyPlan
 from streamd.exitcodes import StartupError
 from streamd.ingest import StreamWorker
 from streamd.metrics import MetricsServer
@@ -44,6 +45,7 @@ def build_stages(config: Config) -> Stages:
         device=e.device,
         cache_dir=e.cache_dir,
         cuda_graphs=e.cuda_graphs,
+        verify=VerifyPlan.from_config(config),
     )
     try:
         c, h, w = engine.input_shape

@@ -27,6 +27,11 @@ class EngineConfig:
     )
     cuda_graphs: bool = opt(True, "run inference through captured CUDA graphs (GPU engines)")
     threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
+    verify: bool = opt(
+        True,
+        "compare a GPU (or torch) engine with ONNX Runtime CPU at start-up and refuse it if it differs; "
+        "false skips the check at your own risk (docs/engines.md)",
+    )
 
 
 def check_cache_dir(value: object, path: str, base_dir: Path) -> Path:

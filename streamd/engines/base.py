@@ -187,26 +187,39 @@ def create_engine(
     """Load ``model_path`` with the requested backend (``auto`` picks one, see module docstring).
 
     ``options`` are passed to the backend: ``device`` (CUDA device index), ``cache_dir`` (where built engines
-    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), and
+    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), ``verify``
+    (a ``streamd.engines.verify.VerifyPlan``, True = default plan, False = skip the start-up check), and
     backend-specific ones documented on each engine class. Unknown options are ignored by every backend.
     """
     if precision not in PRECISIONS:
         raise EngineError(f"engine.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     if max_batch < 1:
         raise EngineError(f"engine.max_batch: expected ≥ 1, got {max_batch}")
+    from streamd.engines.verify import VerificationError, check_created
+
     name = choose_backend(requested)
-    if name not in BACKENDS:
-        raise EngineError(
-            f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(BACKENDS)}"
+    while True:
+        if name not in BACKENDS:
+            raise EngineError(
+                f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(BACKENDS)}"
+            )
+        module_name, factory = BACKENDS[name].split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise EngineError(f"engine.type: backend {name!r} cannot be imported here: {exc}") from exc
+        engine: Engine = getattr(module, factory)(
+            Path(model_path), max_batch=max_batch, precision=precision, threads=threads, **options
         )
-    module_name, factory = BACKENDS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EngineError(f"engine.type: backend {name!r} cannot be imported here: {exc}") from exc
-    engine: Engine = getattr(module, factory)(
-        Path(model_path), max_batch=max_batch, precision=precision, threads=threads, **options
-    )
+        try:  # the start-up equivalence check (streamd.engines.verify); options["verify"]
+            check_created(engine, Path(model_path), precision, options)
+            break
+        except VerificationError as exc:
+            if requested != "auto" or name == "onnxruntime":
+                raise
+            fallback = "torch" if name == "tensorrt" and _torch_cuda_available() else "onnxruntime"
+            log.error("engine: %s refused at start-up (%s); auto falls back to %s", name, exc, fallback)
+            name = fallback
     if engine.max_batch < max_batch:
         engine = _fixed_batch(engine, max_batch, Path(model_path))
     log.info(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from streamd.engines import onnx_tools
+from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ MAX_GRAPHS = 512
 HOST_ARGS: dict[str, tuple[int, ...]] = {
     "OnnxReshape": (1,),
     "OnnxResize": (1, 2, 3),
+    "ExactResize": (1, 2, 3),
     "OnnxResizeV10": (1,),
     "OnnxPadDynamic": (1, 2),
     "OnnxSplit13": (1,),
@@ -69,11 +70,16 @@ def convert_model(model_path: Path, max_batch: int) -> tuple[Any, onnx_tools.Mod
     else:
         log.info("torch engine: onnxslim not installed; converting %s unsimplified", model_path.name)
     try:
-        import onnx2torch
+        onnx2torch = torch_ops.import_onnx2torch()
     except ImportError as exc:
         raise EngineError(
             f"engine.type torch needs onnx2torch (pip install 'streamd[torch]'): {exc}"
         ) from exc
+    model, rewritten = torch_ops.rewrite_for_torch(model)
+    if rewritten:
+        steps.append(torch_ops.TORCH_REWRITE_RECIPE)
+        log.info("torch engine: %s: exact ONNX semantics for %s", model_path.name, ", ".join(rewritten))
+    torch_ops.check_convertible(model)
     try:
         module = onnx2torch.convert(model)
     except Exception as exc:  # NotImplementedError for unsupported ops, and others

@@ -36,7 +36,7 @@ def test_shape_constants_stay_on_the_host(torch_ready, models):
     moved = set(keep_constants_on_host(module))
     readers = {t: consumers(module, t) for t in targets}
     for target, kinds in readers.items():
-        on_host = kinds <= {"OnnxPadDynamic", "OnnxResize", "OnnxReshape", "OnnxSplit13"}
+        on_host = kinds <= {"OnnxPadDynamic", "OnnxResize", "ExactResize", "OnnxReshape", "OnnxSplit13"}
         assert (target in moved) == on_host, (target, kinds)
     assert any("OnnxBinaryMathOperation" in k for k in readers.values())  # the Mul constant stays put
     assert len(moved) >= 5

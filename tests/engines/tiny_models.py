@@ -23,8 +23,11 @@ def make_detector(
     num_classes: int = 80,
     seed: int = 0,
     opset: int = 13,
+    resize_coordinates: str = "half_pixel",
 ) -> Path:
-    """Write the model to ``path``; ``batch`` None = dynamic batch ("batch"), else that fixed batch."""
+    """Write the model to ``path``; ``batch`` None = dynamic batch ("batch"), else that fixed batch.
+    ``resize_coordinates``: the Resize's coordinate_transformation_mode (``asymmetric`` is what tf2onnx
+    writes for TensorFlow's ResizeBilinear, and what onnx2torch alone translates wrongly)."""
     rng = np.random.default_rng(seed)
     c = 4 + num_classes
     s1, s2 = size // 2, size // 4
@@ -59,7 +62,7 @@ def make_detector(
             ["m1", "resize.roi", "resize.scales"],
             ["r1"],
             mode="linear",
-            coordinate_transformation_mode="half_pixel",
+            coordinate_transformation_mode=resize_coordinates,
         ),
         helper.make_node("Conv", ["m1", "head1.w", "head1.b"], ["h1"]),
         helper.make_node("Conv", ["r1", "head2.w", "head2.b"], ["h2"]),

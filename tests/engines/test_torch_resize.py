@@ -1,0 +1,73 @@
+"""Regression for issue 13: a ``linear`` Resize with ``coordinate_transformation_mode: asymmetric`` (tf2onnx's
+translation of TensorFlow's ResizeBilinear) must give ONNX Runtime's result through the torch engine.
+onnx2torch alone maps it onto ``F.interpolate(align_corners=False)`` (half-pixel centres), half a pixel off;
+streamd moves Resize to its own converter (``streamd.engines.torch_ops``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from streamd.engines.torch_ops import axis_table
+
+
+def resize_model(path, scales=(1, 1, 2, 2), mode="linear", coord="asymmetric", shape=(1, 8, 13, 17)):
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Resize", ["x", "roi", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coord
+            )
+        ],
+        "tf_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.zeros(0, np.float32), "roi"),
+            numpy_helper.from_array(np.array(scales, np.float32), "scales"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def run_torch(path, x):
+    import torch
+
+    from streamd.engines.torch import convert_model
+
+    module, _, steps = convert_model(path, max_batch=1)
+    with torch.inference_mode():
+        return module(torch.from_numpy(x)).numpy(), steps
+
+
+@pytest.mark.parametrize("scales", [(1, 1, 2, 2), (1, 1, 0.5, 0.5), (1, 1, 3, 1.5)])
+def test_asymmetric_linear_resize_matches_onnxruntime(torch_ready, tmp_path, scales):
+    path = resize_model(tmp_path / "r.onnx", scales)
+    x = np.random.default_rng(0).standard_normal((1, 8, 13, 17)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, steps = run_torch(path, x)
+    assert "torch-rewrite-v1" in steps
+    assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-5
+
+
+def test_onnx2torch_alone_gets_it_wrong(torch_ready, tmp_path, monkeypatch):
+    """The bug this guards against still exists upstream (if this starts failing, onnx2torch was fixed)."""
+    from streamd.engines import torch_ops
+
+    monkeypatch.setattr(torch_ops, "rewrite_for_torch", lambda model: (model, []))
+    path = resize_model(tmp_path / "r.onnx")
+    x = np.random.default_rng(0).standard_normal((1, 8, 13, 17)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, _ = run_torch(path, x)
+    assert np.abs(got - ref).max() > 0.1
+
+
+def test_axis_table_asymmetric_upsample():
+    idx, w, outside = axis_table(3, 6, 2.0, mode="linear", coord="asymmetric")
+    # x = i / 2: 0, .5, 1, 1.5, 2, 2.5 -> the last ones clamp to the edge
+    assert idx.tolist() == [[0, 1], [0, 1], [1, 2], [1, 2], [2, 2], [2, 2]]
+    assert np.allclose(w[:, 1], [0, 0.5, 0, 0.5, 0, 0.5]) and not outside.any()
