@@ -6,6 +6,7 @@ set events; the main thread waits on them, drains within a grace timeout and clo
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import signal
@@ -15,6 +16,7 @@ import time
 from types import FrameType
 
 from streamd import systemd
+from streamd.analytics.stream import build_analytics
 from streamd.config import EX_CONFIG, Config
 from streamd.engines import EngineError, create_engine
 from streamd.engines.verify import VerifyPlan
@@ -150,19 +152,32 @@ class Daemon:
             # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
             # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
+        names = cfg.model.class_names
+        analytics = build_analytics(cfg)  # detect_fps, zones, tracking, events (issue 9), per stream
+
+        def submit(lines: list[str], stream_id: str) -> None:
+            for line in lines:
+                sink_set.submit(line, stream_id)
+
         for sc in cfg.streams:
             policy = "latest" if sc.is_live or sc.realtime else "block"
             q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-            self.workers.append(
-                StreamWorker(
-                    sc, q, self.stop, decoder=decoder, device=cfg.engine.device, decoder_options=options
-                )
+            worker = StreamWorker(
+                sc, q, self.stop, decoder=decoder, device=cfg.engine.device, decoder_options=options
             )
+            worker.analytics = analytics.get(sc.id)  # detect_fps skips, predicted lines of skipped frames
+            worker.on_lines = functools.partial(submit, stream_id=sc.id)
+            self.workers.append(worker)
         sinks = self.sinks
-        names = cfg.model.class_names
 
         def on_result(result: FrameResult) -> None:
-            sink_set.submit(to_json_line(result, names), result.frame.stream_id)
+            sid = result.frame.stream_id
+            hook = analytics.get(sid)
+            if hook is None:
+                sink_set.submit(to_json_line(result, names), sid)
+            else:
+                with hook.lock:  # ordered with the lines its ingest thread writes for skipped frames
+                    submit(hook.on_result(result), sid)
             self.results += 1
             self.last_result_at = time.perf_counter()
 
@@ -198,6 +213,9 @@ class Daemon:
             if not scheduler.join(timeout=10):
                 scheduler.abort.set()
                 scheduler.join(timeout=5)
+            for sid, hook in analytics.items():  # predicted lines held after the last result
+                with hook.lock:
+                    submit(hook.finish(), sid)
             sink_set.close(timeout=10)
             stages.close()
             if metrics is not None:
@@ -226,6 +244,7 @@ class Daemon:
                 "dropped": q.dropped,
                 "decode_errors": w.stats.decode_errors,
                 "read_errors": w.stats.read_errors,
+                "skipped": w.stats.skipped,
             }
             for w, q in zip(self.workers, self.batcher.queues if self.batcher else (), strict=False)
         }
@@ -235,6 +254,7 @@ class Daemon:
             "fps": self.results / elapsed,
             "dropped": sum(s["dropped"] for s in per_stream.values()),
             "decode_errors": sum(s["decode_errors"] for s in per_stream.values()),
+            "skipped": sum(s["skipped"] for s in per_stream.values()),
             "streams": {sid: s["state"] for sid, s in per_stream.items()},
             "per_stream": per_stream,
             "sinks": {s.name: s.dropped for s in self.sinks},
@@ -280,11 +300,12 @@ class Daemon:
         s = self.snapshot()
         sink_drops = sum(x.dropped for x in sinks)
         log.info(
-            "streamd: done: %d frames in %.1f s (%.1f fps), %d dropped after decode, %d decode errors, "
-            "%d sink lines dropped",
+            "streamd: done: %d frames in %.1f s (%.1f fps), %d skipped (detect_fps), "
+            "%d dropped after decode, %d decode errors, %d sink lines dropped",
             s["results"],
             s["elapsed_s"],
             s["fps"],
+            s["skipped"],
             s["dropped"],
             s["decode_errors"],
             sink_drops,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class StreamStats:
     reconnects: int = 0  # sessions reopened after a failure (live streams)
     stalls: int = 0  # sessions given up because nothing arrived for stall_timeout_s
     dropped_surfaces: int = 0  # NVDEC pictures dropped because downstream held every pooled buffer
+    skipped: int = 0  # decoded frames not sent to the detector (streams[].detect_fps); not drops
     last_packet: float = 0.0  # time.monotonic() of the last packet read (0: none yet)
     last_error: str = ""  # the last failure, credentials redacted
     backend: str = ""  # demux backend in use: pyav | opencv
@@ -75,8 +77,14 @@ class StreamWorker:
         device: int = 0,
         demux: str = "auto",
         decoder_options: dict[str, Any] | None = None,
+        analytics: Any = None,
+        on_lines: Callable[[list[str]], None] | None = None,
     ) -> None:
+        """``analytics``: the stream's ``streamd.analytics.StreamAnalytics`` (detect_fps skips, predicted
+        lines); ``on_lines`` takes the lines it writes for skipped frames."""
         self.cfg = cfg
+        self.analytics = analytics
+        self.on_lines = on_lines
         self.out = out
         self.stop = stop
         self.stats = StreamStats(decoder=decoder)
@@ -248,6 +256,22 @@ class StreamWorker:
             decoder.close()
         return reason
 
+    def _detect(self, frame: Frame) -> bool:
+        """detect_fps: False when the frame skips the detector (counted as skipped; a GPU surface goes back
+        to its pool at once; predicted lines, if any, go to ``on_lines``)."""
+        analytics = self.analytics
+        with analytics.lock:  # skipped-frame lines keep their order with the result thread's lines
+            if analytics.should_detect(frame):
+                return True
+            self.stats.skipped += 1
+            if frame.surface is not None and hasattr(frame.surface, "release"):
+                frame.surface.release()  # nothing will read it
+            frame.surface = frame.image = None
+            lines = analytics.on_skipped(frame)
+            if lines and self.on_lines is not None:
+                self.on_lines(lines)
+        return False
+
     def _pts(self, pts: float | None) -> float | None:
         """The decoder's pts (seconds, this session/pass) on the stream's continuous timeline."""
         if pts is None:
@@ -281,6 +305,8 @@ class StreamWorker:
             self.stats.decoded += 1
             self._last_out = pts if pts is not None else self._last_out
             self._last_frame_time = time.monotonic()
+            if self.analytics is not None and not self._detect(frame):
+                continue
             if not self.out.put(frame, self.stop):
                 return False
         return True

@@ -1,0 +1,261 @@
+"""ByteTrack-style multi-object tracking for one stream, vectorised per frame.
+
+Per detected frame (``ByteTracker.update``):
+
+1. Every track's constant-velocity Kalman state (box centre, aspect, height and their velocities, as in
+   ByteTrack) is predicted to this frame, ``dt`` = frames since the previous update (``detect_fps`` skips).
+2. High-score detections (``score >= high_score``) are matched to all live tracks (seen now or lost less than
+   ``lost_timeout_s`` ago) on the IoU matrix, cost 1 - IoU, gated at ``match_iou``.
+3. The remaining detections are matched to the tracks seen in the previous update that are still unmatched,
+   gated at IoU 0.5 (ByteTrack's second association: occluded objects score low).
+4. Unmatched detections scoring at least ``new_track_score`` start new tracks; tracks unseen for longer than
+   ``lost_timeout_s`` end.
+
+IoU matrices are numpy, the assignment is ``lap.lapjv`` (Jonker-Volgenant, with a cost limit), the Kalman
+predict/update run on all tracks at once. No Python loop runs over box pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamd.config.tracking import TrackingConfig
+
+_W_POS, _W_VEL = 1.0 / 20, 1.0 / 160  # ByteTrack's noise weights (relative to the box height)
+_SECOND_IOU = 0.5
+_NO_TRACK = -1
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n, 4) x (m, 4) xyxy boxes -> (n, m) IoU."""
+    if len(a) == 0 or len(b) == 0:
+        return np.zeros((len(a), len(b)), np.float64)
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    inter = iw * ih
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
+    """Optimal one-to-one matching maximising total IoU, pairs below ``min_iou`` excluded.
+    Returns (rows, cols) of the matched pairs."""
+    if iou.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    import lap  # small C extension (numpy only); imported here so config checks never need it
+
+    _, x, _ = lap.lapjv(1.0 - iou, extend_cost=True, cost_limit=1.0 - min_iou)
+    rows = np.flatnonzero(x >= 0)
+    cols = x[rows].astype(np.int64)
+    ok = iou[rows, cols] >= min_iou
+    return rows[ok], cols[ok]
+
+
+def xyxy_to_xyah(b: np.ndarray) -> np.ndarray:
+    w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+    h = np.maximum(h, 1e-3)
+    return np.stack([b[:, 0] + w / 2, b[:, 1] + h / 2, w / h, h], 1)
+
+
+def xyah_to_xyxy(m: np.ndarray) -> np.ndarray:
+    h = m[:, 3]
+    w = m[:, 2] * h
+    return np.stack([m[:, 0] - w / 2, m[:, 1] - h / 2, m[:, 0] + w / 2, m[:, 1] + h / 2], 1)
+
+
+def kalman_initiate(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, 4) xyah measurements -> mean (k, 8), covariance (k, 8, 8)."""
+    mean = np.concatenate([z, np.zeros_like(z)], 1)
+    h = z[:, 3]
+    std = np.stack(
+        [
+            2 * _W_POS * h,
+            2 * _W_POS * h,
+            np.full_like(h, 1e-2),
+            2 * _W_POS * h,
+            10 * _W_VEL * h,
+            10 * _W_VEL * h,
+            np.full_like(h, 1e-5),
+            10 * _W_VEL * h,
+        ],
+        1,
+    )
+    cov = np.zeros((len(z), 8, 8))
+    idx = np.arange(8)
+    cov[:, idx, idx] = std**2
+    return mean, cov
+
+
+def kalman_predict(mean: np.ndarray, cov: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """Advance every state by ``dt`` frames (constant velocity)."""
+    if len(mean) == 0 or dt <= 0:
+        return mean, cov
+    f = np.eye(8)
+    f[:4, 4:] = dt * np.eye(4)
+    h = mean[:, 3]
+    std = np.stack(
+        [
+            _W_POS * h,
+            _W_POS * h,
+            np.full_like(h, 1e-2),
+            _W_POS * h,
+            _W_VEL * h,
+            _W_VEL * h,
+            np.full_like(h, 1e-5),
+            _W_VEL * h,
+        ],
+        1,
+    )
+    q = np.zeros_like(cov)
+    idx = np.arange(8)
+    q[:, idx, idx] = dt * std**2
+    return mean @ f.T, f @ cov @ f.T + q
+
+
+def kalman_update(mean: np.ndarray, cov: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Correct states (k, 8) with measurements (k, 4) xyah."""
+    if len(mean) == 0:
+        return mean, cov
+    h = mean[:, 3]
+    r = np.stack([_W_POS * h, _W_POS * h, np.full_like(h, 1e-1), _W_POS * h], 1) ** 2
+    s = cov[:, :4, :4].copy()
+    idx = np.arange(4)
+    s[:, idx, idx] += r
+    pht = cov[:, :, :4]  # P H^T, (k, 8, 4)
+    gain = np.linalg.solve(s, pht.transpose(0, 2, 1)).transpose(0, 2, 1)  # P H^T S^-1 (S symmetric)
+    innovation = z - mean[:, :4]
+    mean = mean + (gain @ innovation[:, :, None])[:, :, 0]
+    cov = cov - gain @ s @ gain.transpose(0, 2, 1)
+    return mean, cov
+
+
+@dataclass(slots=True)
+class TrackUpdate:
+    """What one update says: per detection its ``track_id`` (-1: not tracked) and ``track_age`` (frames since
+    the track was first seen), and the ids of the tracks that ended at this frame."""
+
+    track_id: np.ndarray  # (n,) int64
+    track_age: np.ndarray  # (n,) int64
+    ended: list[int]
+
+
+@dataclass(slots=True)
+class PredictedTracks:
+    """Tracks seen in the last update, with boxes predicted to a later frame."""
+
+    xyxy: np.ndarray  # (k, 4) float32
+    score: np.ndarray  # (k,) float32: the last detection's score
+    class_id: np.ndarray  # (k,) int32
+    track_id: np.ndarray  # (k,) int64
+    track_age: np.ndarray  # (k,) int64
+
+
+class ByteTracker:
+    """Tracks of one stream. ``update`` once per detected frame, in frame order; ``predict`` for frames after
+    the last update (skipped frames) does not change the state."""
+
+    def __init__(self, config: TrackingConfig) -> None:
+        self.cfg = config
+        self.next_id = 1
+        self.ids = np.zeros(0, np.int64)
+        self.cls = np.zeros(0, np.int32)
+        self.score = np.zeros(0, np.float32)
+        self.first = np.zeros(0, np.int64)  # frame index where the track started
+        self.seen_t = np.zeros(0, np.float64)  # stream time (s) of the last match
+        self.seen_now = np.zeros(0, bool)  # matched in the last update
+        self.mean = np.zeros((0, 8))
+        self.cov = np.zeros((0, 8, 8))
+        self.index: int | None = None  # frame index of the last update
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _dt(self, index: int) -> float:
+        return 1.0 if self.index is None else float(index - self.index)
+
+    def update(
+        self, xyxy: np.ndarray, score: np.ndarray, class_id: np.ndarray, index: int, t: float
+    ) -> TrackUpdate:
+        """Detections of frame ``index`` (stream time ``t`` seconds) -> track ids; advances the state."""
+        cfg = self.cfg
+        n = len(score)
+        self.mean, self.cov = kalman_predict(self.mean, self.cov, self._dt(index))
+        self.index = index
+        det_track = np.full(n, -1, np.int64)  # detection -> row of the track it matched
+        boxes = xyah_to_xyxy(self.mean) if len(self.ids) else np.zeros((0, 4))
+        iou = iou_matrix(xyxy, boxes)
+        if cfg.class_aware and iou.size:
+            iou = iou * (class_id[:, None] == self.cls[None, :])
+        high = score >= cfg.high_score
+        free_track = np.ones(len(self.ids), bool)
+        # 1. high-score detections against every live track
+        hi = np.flatnonzero(high)
+        r, c = assign(iou[hi][:, free_track], cfg.match_iou)
+        det_track[hi[r]] = np.flatnonzero(free_track)[c]
+        free_track[det_track[hi[r]]] = False
+        # 2. the other detections against the tracks seen last time that are still free
+        lo = np.flatnonzero(~high)
+        cand = np.flatnonzero(free_track & self.seen_now)
+        r, c = assign(iou[lo][:, cand], _SECOND_IOU)
+        det_track[lo[r]] = cand[c]
+        free_track[cand[c]] = False
+        # correct the matched tracks
+        matched_det = np.flatnonzero(det_track >= 0)
+        rows = det_track[matched_det]
+        if len(rows):
+            z = xyxy_to_xyah(xyxy[matched_det].astype(np.float64))
+            self.mean[rows], self.cov[rows] = kalman_update(self.mean[rows], self.cov[rows], z)
+            self.score[rows] = score[matched_det]
+            self.seen_t[rows] = t
+        self.seen_now = ~free_track
+        # end tracks lost for too long
+        alive = self.seen_now | (t - self.seen_t <= cfg.lost_timeout_s)
+        ended = self.ids[~alive].tolist()
+        if not alive.all():
+            remap = np.cumsum(alive) - 1
+            det_track[matched_det] = remap[det_track[matched_det]]
+            self._keep(alive)
+        # start tracks from unmatched confident detections
+        new = np.flatnonzero((det_track < 0) & (score >= cfg.new_track_score))
+        if len(new):
+            start = len(self.ids)
+            mean, cov = kalman_initiate(xyxy_to_xyah(xyxy[new].astype(np.float64)))
+            k = len(new)
+            self.ids = np.concatenate([self.ids, np.arange(self.next_id, self.next_id + k)])
+            self.next_id += k
+            self.cls = np.concatenate([self.cls, class_id[new].astype(np.int32)])
+            self.score = np.concatenate([self.score, score[new].astype(np.float32)])
+            self.first = np.concatenate([self.first, np.full(k, index, np.int64)])
+            self.seen_t = np.concatenate([self.seen_t, np.full(k, t)])
+            self.seen_now = np.concatenate([self.seen_now, np.ones(k, bool)])
+            self.mean = np.concatenate([self.mean, mean])
+            self.cov = np.concatenate([self.cov, cov])
+            det_track[new] = np.arange(start, start + k)
+        track_id = np.full(n, _NO_TRACK, np.int64)
+        age = np.zeros(n, np.int64)
+        tracked = det_track >= 0
+        track_id[tracked] = self.ids[det_track[tracked]]
+        age[tracked] = index - self.first[det_track[tracked]]
+        return TrackUpdate(track_id, age, ended)
+
+    def _keep(self, mask: np.ndarray) -> None:
+        for name in ("ids", "cls", "score", "first", "seen_t", "seen_now", "mean", "cov"):
+            setattr(self, name, getattr(self, name)[mask])
+
+    def predict(self, index: int) -> PredictedTracks:
+        """Boxes of the tracks seen in the last update, predicted to frame ``index`` (state unchanged)."""
+        rows = np.flatnonzero(self.seen_now)
+        mean, _ = kalman_predict(self.mean[rows], self.cov[rows], self._dt(index))
+        return PredictedTracks(
+            xyah_to_xyxy(mean).astype(np.float32) if len(rows) else np.zeros((0, 4), np.float32),
+            self.score[rows],
+            self.cls[rows],
+            self.ids[rows],
+            index - self.first[rows],
+        )
