@@ -102,6 +102,14 @@ class StreamWorker:
         self._period = 0.0
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
+    def resume_at(self, index: int, pts: float | None, wall_time: float) -> None:
+        """Continue a stream whose worker process was restarted: frame indices from ``index``, timestamps
+        after ``pts`` with the real outage (since ``wall_time``, Unix time) as the jump."""
+        self._index = index
+        if pts is not None:
+            self._last_out = pts
+            self._last_frame_time = time.monotonic() - max(0.0, time.time() - wall_time)
+
     def start(self) -> None:
         self._thread.start()
 

@@ -1,7 +1,10 @@
 """Per-stream bounded frame queues and the cross-stream batcher (like DeepStream's nvstreammux).
 
 Decode threads ``put`` frames; the scheduler thread calls ``Batcher.next_batch``. A batch is pushed when it
-holds ``batch_size`` frames or ``timeout`` seconds after its first frame arrived. Streams are served round
+holds ``batch_size`` frames, when every active live stream (one that delivered a frame within the last
+second) already has a frame in it — waiting longer could only add frames from streams that have none to
+give — or
+``timeout`` seconds after its first frame arrived. Streams are served round
 robin, one frame per stream per turn, so a fast stream cannot starve a slow one.
 
 Queue policies: ``latest`` (live sources) keeps the newest frames and drops the oldest — counted — when the
@@ -59,12 +62,16 @@ class StreamQueue:
 
 
 class Batcher:
+    ACTIVE_S = 1.0  # a stream that delivered a frame this recently is expected to deliver the next one
+
     def __init__(self, batch_size: int, timeout_s: float) -> None:
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.cond = threading.Condition()
         self._queues: list[StreamQueue] = []
         self._turn = 0
+        self._last_frame: dict[int, float] = {}  # id(queue) -> monotonic time a frame was last taken from it
+        self.early = 0  # batches pushed before the timeout because every active stream was in them
 
     def add_stream(self, stream_id: str, capacity: int, policy: str) -> StreamQueue:
         with self.cond:
@@ -76,8 +83,9 @@ class Batcher:
     def queues(self) -> Sequence[StreamQueue]:
         return tuple(self._queues)
 
-    def _take(self, batch: list[Frame]) -> None:
-        """Round-robin pop into ``batch`` until full or all queues are empty. Caller holds the lock."""
+    def _take(self, batch: list[Frame], contributors: set[int], now: float) -> None:
+        """Round-robin pop into ``batch`` until full or all queues are empty; ``contributors`` collects the
+        queues that gave a frame. Caller holds the lock."""
         n = len(self._queues)
         progressed = True
         while len(batch) < self.batch_size and progressed:
@@ -86,10 +94,26 @@ class Batcher:
                 q = self._queues[(self._turn + k) % n]
                 if q._frames and len(batch) < self.batch_size:
                     batch.append(q._frames.popleft())
+                    contributors.add(id(q))
+                    self._last_frame[id(q)] = now
                     progressed = True
             self._turn = (self._turn + 1) % max(n, 1)
         if batch:
             self.cond.notify_all()  # room for blocked producers
+
+    def _everyone_in(self, contributors: set[int], now: float) -> bool:
+        """Every stream that is currently delivering frames already has one in the batch. Files read as fast
+        as possible (``block``) always have more to give, so while one is open batches fill up instead."""
+        for q in self._queues:
+            if q.closed:
+                continue
+            if q.policy == "block":
+                return False
+            if id(q) in contributors:
+                continue
+            if now - self._last_frame.get(id(q), -1e9) < self.ACTIVE_S:
+                return False
+        return True
 
     def finished(self) -> bool:
         with self.cond:
@@ -98,17 +122,21 @@ class Batcher:
     def next_batch(self, stop: threading.Event) -> list[Frame] | None:
         """Block for the next batch; None when every stream has ended and drained, or ``stop`` is set."""
         batch: list[Frame] = []
+        contributors: set[int] = set()
         deadline: float | None = None
         with self.cond:
             while True:
-                self._take(batch)
+                now = time.monotonic()
+                self._take(batch, contributors, now)
                 if len(batch) >= self.batch_size:
                     return batch
                 if stop.is_set():
                     return batch or None
                 if all(q.closed and not q._frames for q in self._queues):
                     return batch or None
-                now = time.monotonic()
+                if batch and self._everyone_in(contributors, now):
+                    self.early += 1
+                    return batch
                 if batch:
                     deadline = deadline or now + self.timeout_s
                     if now >= deadline:

@@ -28,12 +28,12 @@ class Scheduler:
         self,
         batcher: Batcher,
         stages: Stages,
-        on_result: Callable[[FrameResult], None],
+        on_results: Callable[[list[FrameResult]], None],
         ring_slots: int = 3,
     ) -> None:
         self.batcher = batcher
         self.stages = stages
-        self.on_result = on_result
+        self.on_results = on_results  # called once per batch, in batch order
         self.abort = threading.Event()
         self.error: BaseException | None = None
         self.batches = 0
@@ -115,6 +115,7 @@ class Scheduler:
             detections = self.stages.collect(slot)
             now = time.perf_counter()
             batch_ms = (now - slot.t_start) * 1e3
+            results = []
             for frame, transform, det in zip(slot.frames, slot.transforms, detections, strict=True):
                 latency = {k: round(v, 3) for k, v in slot.stage_ms.items()}
                 latency["decode"] = round(frame.decode_ms, 3)
@@ -123,7 +124,8 @@ class Scheduler:
                 latency["total"] = round((now - frame.t_decoded) * 1e3 + frame.decode_ms, 3)
                 boxes = transform.to_source(det.xyxy, frame.width, frame.height)
                 source_det = type(det)(boxes, det.score, det.class_id)
-                self.on_result(FrameResult(frame, source_det, latency))
+                results.append(FrameResult(frame, source_det, latency))
+            self.on_results(results)
             self.batches += 1
             self.frames += len(slot.frames)
             slot.frames, slot.transforms = [], []

@@ -70,7 +70,7 @@ def test_results_in_order_with_stages_overlapping() -> None:
     feed(batcher, 90)
     stages = SleepyStages()
     results: list[FrameResult] = []
-    sched = Scheduler(batcher, stages, results.append, ring_slots=3)  # type: ignore[arg-type]
+    sched = Scheduler(batcher, stages, results.extend, ring_slots=3)  # type: ignore[arg-type]
     sched.start()
     assert sched.join(timeout=30)
     assert sched.error is None

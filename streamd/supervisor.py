@@ -1,0 +1,479 @@
+"""The daemon: a supervisor over worker processes.
+
+One Python process carries only so many live cameras (the GIL, not the GPU, is the limit), so ``streamd run``
+spreads the configured streams over worker processes (``pipeline.workers``), each running the whole pipeline
+for its share (``streamd.worker``). The supervisor never touches CUDA or pixels; it owns what must be one per
+daemon:
+
+- the partition of streams over workers and GPUs, and restarting a worker that died (with backoff; its
+  streams resume with their frame indices continuing, the other workers never notice);
+- the sinks (one JSONL file for everyone; each stream's lines stay in order because a stream lives in one
+  worker and a pipe keeps order);
+- signals (SIGINT/SIGTERM: every worker drains, exit 0; a second Ctrl-C skips the drain), systemd notify
+  (READY once every worker is ready; WATCHDOG only while every worker with running streams makes progress),
+  the status line, ``/metrics`` and the exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+from streamd import systemd
+from streamd.config import Config
+from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
+from streamd.metrics import MetricsServer
+from streamd.sinks import SinkSet
+from streamd.sinks.base import LineSink
+from streamd.worker import Record, Resume, WorkerSpec, worker_main
+
+log = logging.getLogger(__name__)
+
+STREAMS_PER_WORKER = 16  # what one process carries cleanly on an H200 (live 1080p30, see bench/RESULTS.md)
+COUNTERS = ("decoded", "dropped", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
+
+
+def gpu_present() -> bool:
+    """Whether an NVIDIA device node exists (no CUDA call: the supervisor stays out of CUDA)."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def plan_workers(config: Config) -> list[tuple[tuple[str, ...], int]]:
+    """(stream ids, CUDA device) per worker. Streams go round robin in config order, devices round robin."""
+    ids = config.stream_ids
+    want = config.pipeline.workers
+    if want == "auto":
+        on_gpu = config.engine.type != "onnxruntime" and gpu_present()
+        cores = os.cpu_count() or 1
+        want = min(math.ceil(len(ids) / STREAMS_PER_WORKER), max(1, cores // 2)) if on_gpu else 1
+    n = max(1, min(int(want), len(ids)))
+    devices = config.pipeline.devices or (config.engine.device,)
+    return [(ids[k::n], devices[k % len(devices)]) for k in range(n)]
+
+
+@dataclass
+class _Worker:
+    """One worker slot: its streams, and the process currently running them (restarted when it dies)."""
+
+    index: int
+    stream_ids: tuple[str, ...]
+    device: int
+    process: Any = None  # multiprocessing.Process
+    conn: Connection | None = None
+    reader: threading.Thread | None = None
+    ready: bool = False
+    done: bool = False  # finished on its own ("done" received)
+    failed: bool = False  # a stream failed or a stage broke (reported in "done")
+    gave_up: bool = False  # kept dying: its streams are lost
+    error: tuple[int, str] | None = None  # a start-up failure the worker reported
+    stats: dict[str, Any] = field(default_factory=dict)
+    base: dict[str, dict[str, int]] = field(default_factory=dict)  # counters of earlier incarnations
+    results: int = 0
+    restarts: int = 0
+    crashes_in_a_row: int = 0
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    restart_at: float | None = None
+    last_progress: float = 0.0
+    last_results: int = -1
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+class Supervisor:
+    RESTART_MIN_S = 0.5
+    RESTART_MAX_S = 30.0
+    HEALTHY_S = 60.0  # a worker that ran this long resets its restart backoff
+    MAX_CRASHES = 5  # a worker that dies this many times in a row without becoming ready is given up
+    STALL_S = 30.0  # no result for this long while streams run = stalled (health 503, watchdog withheld)
+    DRAIN_S = 30.0  # after a stop: how long workers may take to finish what is in flight
+
+    def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
+        self.config = config
+        self.status_line = sys.stderr.isatty() if status_line is None else status_line
+        self.stop = threading.Event()  # SIGINT/SIGTERM: stop reading, drain, exit
+        self._abort = threading.Event()  # second Ctrl-C: skip the drain
+        self._ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA state or threads
+        self.workers = [_Worker(k, ids, dev) for k, (ids, dev) in enumerate(plan_workers(config))]
+        self._owner = {sid: w for w in self.workers for sid in w.stream_ids}
+        self._resume: dict[str, Resume] = {}
+        self._info: dict[str, Any] = {}
+        self._announced = False  # READY=1 sent
+        self.sinks: list[LineSink] = []
+        self.sink_set: SinkSet | None = None
+        self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate)
+        self.ready_at = self.last_result_at = 0.0  # perf_counter: every worker ready / last result received
+        self._t0 = time.monotonic()
+        self._last_ping = self._last_status = 0.0
+        usec = systemd.watchdog_usec()
+        self._watchdog_s = usec / 1e6 if usec else 0.0
+
+    # -- signals ---------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reopen.set()
+            return
+        if self.stop.is_set() and signum == signal.SIGINT:
+            self._abort.set()  # second Ctrl-C: do not wait for the drain
+        self.stop.set()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run to completion (every stream ended) or until signalled; returns the process exit code."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # embedders may run us in a thread
+            handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        metrics = None
+        try:
+            try:
+                metrics = self._build()
+            except StartupError as exc:
+                log.error("%s", exc)
+                return exc.code
+            code = self._serve()
+        finally:
+            self._shutdown(metrics)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self._finish(code)
+
+    def _build(self) -> MetricsServer | None:
+        """Metrics port and sinks first (a taken port or an unwritable file fails before any model loads)."""
+        cfg = self.config
+        metrics = None
+        if cfg.metrics.enabled:
+            try:
+                metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
+            except OSError as exc:
+                raise StartupError(
+                    f"metrics.port: cannot listen on {cfg.metrics.host}:{cfg.metrics.port} ({exc}); "
+                    "pick another port",
+                    EX_UNAVAILABLE,
+                ) from exc
+        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self.stop.set)  # every reader left: stop
+        try:  # open outputs before any model loads: an unwritable file fails now, not after minutes
+            sink_set.start()
+        except (StartupError, OSError) as exc:
+            if metrics is not None:
+                metrics.close()
+            if isinstance(exc, StartupError):
+                raise
+            raise StartupError(f"sink: cannot open the output ({exc})", EX_CANTCREAT) from exc
+        self.sink_set, self.sinks = sink_set, sink_set.sinks
+        if metrics is not None:
+            metrics.start()
+        return metrics
+
+    def _serve(self) -> int:
+        """Start every worker, wait until all are ready (READY=1), then supervise until all are done."""
+        cfg = self.config
+        for w in self.workers:
+            self._spawn(w)
+        log.info("streamd: %d stream(s) over %d worker process(es)", len(cfg.streams), len(self.workers))
+        while True:
+            if self._abort.is_set():
+                for w in self.workers:
+                    self._send(w, ("abort",))
+            fatal = next((w.error for w in self.workers if w.error is not None), None)
+            if fatal is not None and not self._announced:  # the model or GPU does not work: all would fail
+                code, message = fatal
+                log.error("%s", message)
+                self.stop.set()
+                self._stop_workers(abort=True)
+                return code
+            if (
+                not self._announced
+                and all(w.ready or w.gave_up for w in self.workers)
+                and any(w.ready for w in self.workers)
+            ):
+                self._announced = True
+                self.ready_at = time.perf_counter()
+                engine, decoder = self._info.get("engine", "?"), self._info.get("decoder", "?")
+                log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
+                systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
+            if self.stop.is_set():
+                self._stop_workers(abort=self._abort.is_set())
+                if self._abort.is_set():
+                    log.info("streamd: stopped by signal; frames in flight were not drained")
+                else:
+                    log.info("streamd: stopped by signal after draining frames in flight")
+                return 0
+            if all(w.done or w.gave_up for w in self.workers):
+                return 0
+            self._check_workers()
+            self._tick()
+            self.stop.wait(0.25)
+
+    def _shutdown(self, metrics: MetricsServer | None) -> None:
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        self.stop.set()
+        self._stop_workers(abort=True, quiet=True)
+        if self.sink_set is not None:
+            try:
+                self.sink_set.close(timeout=10)
+            except Exception:
+                log.exception("closing the sinks failed")
+        if metrics is not None:
+            metrics.close()
+        if self.status_line:
+            self._print_status()
+            sys.stderr.write("\n")
+
+    def _finish(self, code: int) -> int:
+        if code != 0:
+            return code
+        self._log_summary()
+        failed = [sid for sid, s in self.snapshot()["per_stream"].items() if s["state"] == "failed"]
+        if failed:  # the others ran to the end; the exit status still says something was lost
+            log.error("streamd: stream(s) failed: %s (see the errors above)", ", ".join(failed))
+        broken = any(w.failed or w.gave_up for w in self.workers)
+        lost = self.sink_set.summary() if self.sink_set is not None else None
+        if lost:  # the exit status says output was lost (unless the config says those drops are fine)
+            log.error("streamd: %s", lost)
+        return EX_FAILURE if failed or broken or lost else 0
+
+    # -- workers ---------------------------------------------------------------------------------------------
+    def _spawn(self, w: _Worker) -> None:
+        resume = {sid: self._resume[sid] for sid in w.stream_ids if sid in self._resume}
+        spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume)
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=worker_main, args=(spec, child), name=f"streamd-worker{w.index}")
+        proc.daemon = True  # never outlive the supervisor
+        proc.start()
+        child.close()
+        w.process, w.conn = proc, parent
+        w.ready = w.done = w.failed = False
+        w.started_at = w.last_progress = time.monotonic()
+        w.restart_at = None
+        w.reader = threading.Thread(target=self._read, args=(w, parent), name=f"read-w{w.index}", daemon=True)
+        w.reader.start()
+
+    def _read(self, w: _Worker, conn: Connection) -> None:
+        """One thread per worker process: its lines to the sinks, its stats, its state changes."""
+        sink_set = self.sink_set
+        assert sink_set is not None
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == "lines":
+                records: list[Record] = message[1]
+                for rec in records:
+                    sink_set.submit(rec.line, rec.stream_id)
+                last = records[-1] if records else None
+                if last is not None:
+                    for rec in records:  # per stream: after the newest frame written
+                        prev = self._resume.get(rec.stream_id)
+                        if prev is None or rec.frame >= prev.index:
+                            pts = rec.pts if rec.pts is not None or prev is None else prev.pts
+                            self._resume[rec.stream_id] = Resume(rec.frame + 1, pts, rec.wall_time)
+                    w.results += len(records)
+                    self.last_result_at = time.perf_counter()
+            elif kind == "stats":
+                w.stats = message[1]
+            elif kind == "ready":
+                self._info = message[1]
+                w.ready, w.ready_at = True, time.monotonic()
+                log.info(
+                    "worker %d %s (pid %d): stream(s) %s",
+                    w.index, "back" if w.restarts else "ready", message[1]["pid"], ", ".join(w.stream_ids),
+                )  # fmt: skip
+            elif kind == "error":
+                w.error = (message[1], message[2])
+            elif kind == "done":
+                w.failed, w.done = bool(message[1]), True
+
+    def _send(self, w: _Worker, message: tuple) -> None:
+        if w.conn is not None and w.alive:
+            with contextlib.suppress(OSError, ValueError):
+                w.conn.send(message)
+
+    def _check_workers(self) -> None:
+        """Restart workers that died without finishing (segfault in a native decoder, OOM kill, kill -9)."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.done or w.gave_up or self.stop.is_set():
+                continue
+            if w.error is not None:  # after start-up a failed restart is one more crash
+                if not self._announced:
+                    continue
+                log.error("worker %d could not start again: %s", w.index, w.error[1])
+                w.error = None
+            if w.restart_at is not None:
+                if now >= w.restart_at:
+                    self._spawn(w)
+                continue
+            if w.alive:
+                continue
+            if w.reader is not None:
+                w.reader.join(timeout=2)  # every line it sent is in the sinks before its streams resume
+            if w.done:
+                continue
+            self._retire(w)
+            code = w.process.exitcode
+            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            healthy = w.ready and now - w.ready_at >= self.HEALTHY_S
+            w.crashes_in_a_row = 0 if healthy else w.crashes_in_a_row + 1
+            if not w.ready and w.crashes_in_a_row >= self.MAX_CRASHES:
+                w.gave_up = True
+                log.error(
+                    "worker %d died %d times in a row before it was ready (%s); giving up on stream(s) %s",
+                    w.index, w.crashes_in_a_row, why, ", ".join(w.stream_ids),
+                )  # fmt: skip
+                continue
+            delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** max(0, w.crashes_in_a_row - 1))
+            w.restarts += 1
+            w.restart_at = now + delay
+            w.ready = False
+            log.error(
+                "worker %d (pid %d) died (%s); stream(s) %s affected; restarting in %.1f s (restart %d)",
+                w.index, w.process.pid, why, ", ".join(w.stream_ids), delay, w.restarts,
+            )  # fmt: skip
+
+    def _retire(self, w: _Worker) -> None:
+        """Fold a dead incarnation's counters into the worker's base so totals never go back."""
+        for sid, s in w.stats.get("per_stream", {}).items():
+            base = w.base.setdefault(sid, dict.fromkeys(COUNTERS, 0))
+            for key in COUNTERS:
+                base[key] += int(s.get(key, 0))
+        w.stats = {}
+        if w.conn is not None:
+            w.conn.close()
+            w.conn = None
+
+    def _stop_workers(self, *, abort: bool, quiet: bool = False) -> None:
+        """Ask every worker to finish; wait for the drain (bounded), then end what is left."""
+        for w in self.workers:
+            self._send(w, ("abort",) if abort else ("stop",))
+        deadline = time.monotonic() + (5.0 if abort else self.DRAIN_S)
+        for w in self.workers:
+            if w.process is None:
+                continue
+            while w.alive and time.monotonic() < deadline:
+                w.process.join(timeout=0.25)
+                if self._abort.is_set() and not abort:
+                    self._send(w, ("abort",))
+                self._tick()
+            if w.alive:
+                if not quiet:
+                    log.error("worker %d did not finish in time; killing it", w.index)
+                w.process.kill()
+                w.process.join(timeout=5)
+            if w.reader is not None:
+                w.reader.join(timeout=5)
+
+    # -- status ----------------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        per_stream: dict[str, dict[str, Any]] = {}
+        for w in self.workers:
+            current = w.stats.get("per_stream", {})
+            for sid in w.stream_ids:
+                s = dict(current.get(sid, {}))
+                base = w.base.get(sid, {})
+                for key in COUNTERS:
+                    s[key] = int(s.get(key, 0)) + base.get(key, 0)
+                if w.gave_up:
+                    s["state"] = "failed"
+                elif not w.alive and not w.done:
+                    s["state"] = "restarting" if w.restarts else "starting"
+                else:
+                    s.setdefault("state", "starting")
+                s["worker"] = w.index
+                per_stream[sid] = s
+        results = sum(w.results for w in self.workers)
+        return {
+            "elapsed_s": elapsed,
+            "results": results,
+            "fps": results / elapsed,
+            "dropped": sum(s["dropped"] for s in per_stream.values()),
+            "decode_errors": sum(s["decode_errors"] for s in per_stream.values()),
+            "skipped": sum(s["skipped"] for s in per_stream.values()),
+            "streams": {sid: s["state"] for sid, s in per_stream.items()},
+            "per_stream": per_stream,
+            "workers": {
+                w.index: {
+                    "pid": w.process.pid if w.process is not None else None,
+                    "alive": w.alive,
+                    "restarts": w.restarts,
+                    "results": w.results,
+                    "streams": list(w.stream_ids),
+                }
+                for w in self.workers
+            },
+            "sinks": {s.name: s.dropped for s in self.sinks},
+            "sink_stats": {s.name: s.stats() for s in self.sinks},
+            "stalled": self._stalled(time.monotonic()),
+        }
+
+    def _stalled(self, now: float) -> bool:
+        """Some worker has running streams but produced no result for STALL_S."""
+        for w in self.workers:
+            running = any(s.get("state") == "running" for s in w.stats.get("per_stream", {}).values())
+            if running and w.alive and now - w.last_progress > self.STALL_S:
+                return True
+        return False
+
+    def _tick(self) -> None:
+        """Four times a second on the main thread: progress, systemd watchdog and status, the status line."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.results != w.last_results:
+                w.last_results, w.last_progress = w.results, now
+        watchdog_due = self._watchdog_s and now - self._last_ping >= self._watchdog_s / 2
+        if watchdog_due and self._announced and not self._stalled(now):
+            systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
+            self._last_ping = now
+        if self._reopen.is_set():
+            self._reopen.clear()
+            if self.sink_set is not None:
+                self.sink_set.reopen()
+        if now - self._last_status >= 5:
+            s = self.snapshot()
+            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped")
+            self._last_status = now
+        if self.status_line:
+            self._print_status()
+
+    def _print_status(self) -> None:
+        s = self.snapshot()
+        running = sum(1 for st in s["streams"].values() if st == "running")
+        sys.stderr.write(
+            f"\r\x1b[Kstreamd: {running}/{len(s['streams'])} streams | {s['results']} frames | "
+            f"{s['fps']:.1f} fps | dropped {s['dropped']} | decode errors {s['decode_errors']}"
+        )
+        sys.stderr.flush()
+
+    def _log_summary(self) -> None:
+        s = self.snapshot()
+        sink_drops = sum(x.dropped for x in self.sinks)
+        restarts = sum(w.restarts for w in self.workers)
+        log.info(
+            "streamd: done: %d frames in %.1f s (%.1f fps), %d skipped (detect_fps), "
+            "%d dropped after decode, %d decode errors, %d sink lines dropped, %d worker restart(s)",
+            s["results"],
+            s["elapsed_s"],
+            s["fps"],
+            s["skipped"],
+            s["dropped"],
+            s["decode_errors"],
+            sink_drops,
+            restarts,
+        )

@@ -1,0 +1,169 @@
+"""The supervisor over worker processes, on the CPU engine: partitioning, per-stream order, restart after
+``kill -9`` with frame indices continuing, a clean exit at SIGTERM afterwards, a fatal start-up error."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from streamd.config import parse_config
+from streamd.supervisor import plan_workers
+from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
+from tests.test_reference_detections import NANODET_MODEL
+
+
+def _config(n_streams: int, workers: object, devices: list[int] | None = None):
+    raw = {
+        "streams": [{"id": f"s{i}", "url": str(CLIP_HEVC)} for i in range(n_streams)],
+        "model": {"path": str(MODEL)},
+        "pipeline": {"workers": workers, **({"devices": devices} if devices else {})},
+    }
+    return parse_config(raw, ROOT)
+
+
+def test_partition_round_robin_over_workers_and_devices() -> None:
+    plan = plan_workers(_config(5, 2, devices=[0, 1, 2]))
+    assert plan == [(("s0", "s2", "s4"), 0), (("s1", "s3"), 1)]
+    assert plan_workers(_config(2, 8)) == [(("s0",), 0), (("s1",), 0)]  # never more workers than streams
+    # The CPU engine: one worker, whatever the stream count (ONNX Runtime already uses every core).
+    cpu = parse_config(
+        {"streams": [{"id": f"s{i}", "url": str(CLIP_HEVC)} for i in range(40)],
+         "model": {"path": str(MODEL)}, "engine": {"type": "onnxruntime"}},
+        ROOT,
+    )  # fmt: skip
+    assert len(plan_workers(cpu)) == 1
+
+
+def _lines(path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        out[r["stream"]].append(r)
+    return out
+
+
+def test_streams_over_two_workers_complete_and_ordered(tmp_path, assets) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: h264\n    url: {CLIP}\n  - id: hevc\n    url: {CLIP_HEVC}\n"
+        f"  - id: hevc2\n    url: {CLIP_HEVC}\n{NANODET_MODEL}"
+        f"engine:\n  threads: 1\npipeline:\n  workers: 2\nsinks:\n  - type: jsonl\n    path: {out}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = set(re.findall(r"worker \d ready \(pid (\d+)\)", proc.stderr))
+    assert len(pids) == 2, proc.stderr[-3000:]
+    lines = _lines(out)
+    assert [r["frame"] for r in lines["h264"]] == list(range(795))
+    assert [r["frame"] for r in lines["hevc"]] == list(range(100))
+    assert [r["frame"] for r in lines["hevc2"]] == list(range(100))
+    assert lines["hevc"][10]["detections"] == lines["hevc2"][10]["detections"]  # same clip, same answer
+
+
+class _Daemon:
+    """``streamd run`` as a subprocess whose stderr is read line by line as it comes."""
+
+    def __init__(self, cfg) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.log):
+                if m := re.search(pattern, line):
+                    return m
+            time.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} in the log within {timeout} s:\n{''.join(self.log)[-3000:]}")
+
+
+def _count(path, stream: str) -> int:
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if f'"stream":"{stream}"' in line)
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_worker_resumes_its_streams_and_leaves_the_others_alone(tmp_path, assets) -> None:
+    """Looping files read as fast as possible (never dropped, whatever the load on the CI box): the killed
+    worker's stream comes back with its indices continuing, the other stream has no gap and kept going."""
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "live.yaml"
+    streams = "".join(f"  - id: {sid}\n    url: {CLIP_HEVC}\n    loop: true\n" for sid in ("a", "b"))
+    cfg.write_text(
+        f"streams:\n{streams}{NANODET_MODEL}engine:\n  threads: 1\n"
+        f"pipeline:\n  workers: 2\n  batch_size: 2\n"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n    flush_every: 1\n"
+    )
+    d = _Daemon(cfg)
+    try:
+        victim = int(d.wait_for(r"worker 0 ready \(pid (\d+)\): stream\(s\) a", 120).group(1))
+        d.wait_for(r"worker 1 ready", 120)
+        deadline = time.monotonic() + 60
+        while _count(out, "a") < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(victim, signal.SIGKILL)
+        killed_at, a_before, b_before = time.monotonic(), _count(out, "a"), _count(out, "b")
+        d.wait_for(r"worker 0 \(pid \d+\) died \(killed by signal 9\); stream\(s\) a affected", 10)
+        d.wait_for(r"worker 0 back \(pid \d+\)", 120)
+        b_during = _count(out, "b") - b_before  # b's lines while a was down
+        while _count(out, "a") <= a_before and time.monotonic() - killed_at < 120:
+            time.sleep(0.1)
+        resumed_s = time.monotonic() - killed_at
+        assert _count(out, "a") > a_before, "stream a never came back"
+        time.sleep(2)
+    finally:
+        d.proc.send_signal(signal.SIGTERM)
+        d.proc.wait(timeout=60)
+    log_tail = "".join(d.log)[-2000:]
+    assert d.proc.returncode == 0, log_tail
+    lines = _lines(out)
+    for sid in ("a", "b"):
+        frames = [r["frame"] for r in lines[sid]]
+        assert frames == list(range(len(frames))), f"{sid}: gaps or disorder {frames[-15:]}\n{log_tail}"
+        pts = [r["pts"] for r in lines[sid]]
+        assert all(b > a for a, b in itertools.pairwise(pts)), f"{sid}: pts not increasing"
+    assert b_during > 0, "the other worker's stream paused while worker 0 was down"
+    counts = {sid: len(v) for sid, v in lines.items()}
+    print(f"stream a resumed {resumed_s:.2f} s after kill -9; b wrote {b_during} lines meanwhile; {counts}")
+
+
+def test_bad_model_fails_once_with_one_line_and_exit_78(tmp_path, assets) -> None:
+    cfg = tmp_path / "bad.yaml"
+    model = NANODET_MODEL.replace("input_size: [416, 416]", "input_size: [640, 640]")
+    assert model != NANODET_MODEL
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP_HEVC}\n  - id: b\n    url: {CLIP_HEVC}\n{model}"
+        "pipeline:\n  workers: 2\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 78, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "set model.input_size: [416, 416]" in proc.stderr
