@@ -146,7 +146,8 @@ SinkConfig = Union[JsonlSinkConfig, StdoutSinkConfig, MqttSinkConfig, HttpSinkCo
 SINK_TYPES: dict[str, type] = {
     "jsonl": JsonlSinkConfig,
     "stdout": StdoutSinkConfig,
-}  # mqtt and http join when their sinks land
+    "mqtt": MqttSinkConfig,
+}  # http joins when its sink lands
 DEFAULT_SINKS: tuple[SinkConfig, ...] = (StdoutSinkConfig(),)
 
 
