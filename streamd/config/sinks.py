@@ -147,7 +147,8 @@ SINK_TYPES: dict[str, type] = {
     "jsonl": JsonlSinkConfig,
     "stdout": StdoutSinkConfig,
     "mqtt": MqttSinkConfig,
-}  # http joins when its sink lands
+    "http": HttpSinkConfig,
+}
 DEFAULT_SINKS: tuple[SinkConfig, ...] = (StdoutSinkConfig(),)
 
 

@@ -14,7 +14,7 @@ from streamd.config.sinks import MqttSinkConfig
 from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.sinks.mqtt import MqttSink
 from tests.conftest import CLIP, run_streamd
-from tests.sinks._helpers import config_with_sinks, fake_lines
+from tests.sinks._helpers import Endpoint, config_with_sinks, fake_lines
 
 
 class Subscriber:
@@ -58,12 +58,21 @@ def wait_for(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def test_demo_lines_arrive_in_order(tmp_path, broker, assets) -> None:
+def test_demo_lines_reach_mqtt_and_a_webhook_in_order(tmp_path, broker, assets) -> None:
+    """One run of the demo clip (795 frames) into both network sinks."""
     sub = Subscriber(broker.port)
-    sinks = f"  - type: mqtt\n    host: 127.0.0.1\n    port: {broker.port}\n    qos: 1\n"
+    endpoint = Endpoint()
+    sinks = (
+        f"  - type: mqtt\n    host: 127.0.0.1\n    port: {broker.port}\n    qos: 1\n"
+        f"  - type: http\n    url: {endpoint.url}\n    batch_size: 64\n    batch_timeout_ms: 200\n"
+    )
     cfg = config_with_sinks(tmp_path / "m.yaml", sinks, clip=CLIP, stream_id="demo")
     proc = run_streamd("run", str(cfg), "--no-status", timeout=600)
+    endpoint.close()
     assert proc.returncode == 0, proc.stderr[-2000:]
+    sizes = [len(b) for b in endpoint.batches]
+    print(f"webhook: {len(endpoint.frames())}/795 lines in {len(sizes)} batches (largest {max(sizes)})")
+    assert endpoint.frames() == list(range(795)) and len(sizes) > 1 and max(sizes) <= 64
     topic = "streamd/demo/detections"
     assert wait_for(lambda: len(sub.frames(topic)) >= 795, 20)
     sub.close()
