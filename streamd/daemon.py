@@ -22,7 +22,7 @@ from streamd.engines import EngineError, create_engine
 from streamd.engines.verify import VerifyPlan
 from streamd.exitcodes import StartupError
 from streamd.ingest import StreamWorker
-from streamd.metrics import MetricsServer
+from streamd.metrics import LatencyHistograms, MetricsServer
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resolve_layout
 from streamd.pipeline.preprocess import PreprocessSpec
@@ -32,6 +32,7 @@ from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 from streamd.sinks.record import to_json_line
 from streamd.types import FrameResult
+from streamd.web.snapshot import LatestFrames
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class Daemon:
         self.batcher: Batcher | None = None
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
         self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate)
+        self._latency = {sc.id: LatencyHistograms() for sc in config.streams}  # per stream, for /metrics
+        self._latest = LatestFrames(config.model.class_names)  # for the status page's snapshots
         self.ready_at = self.last_result_at = 0.0  # perf_counter: model loaded and warm / last result out
         self._t0 = time.monotonic()
         self._last_results, self._last_progress = -1, self._t0
@@ -117,7 +120,14 @@ class Daemon:
         metrics = None
         if cfg.metrics.enabled:  # bind first: a taken port must fail before anything starts
             try:
-                metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
+                metrics = MetricsServer(
+                    cfg.metrics.host,
+                    cfg.metrics.port,
+                    self.snapshot,
+                    frame_snapshot=self._latest.jpeg,
+                    status_page=cfg.metrics.status_page,
+                    snapshots_per_s=cfg.metrics.snapshots_per_s,
+                )
             except OSError as exc:
                 log.error(
                     "metrics.port: cannot listen on %s:%d (%s); pick another port",
@@ -172,6 +182,8 @@ class Daemon:
 
         def on_result(result: FrameResult) -> None:
             sid = result.frame.stream_id
+            self._latency[sid].observe(result.latency_ms)
+            self._latest.update(result)
             hook = analytics.get(sid)
             if hook is None:
                 sink_set.submit(to_json_line(result, names), sid)
@@ -245,6 +257,9 @@ class Daemon:
                 "decode_errors": w.stats.decode_errors,
                 "read_errors": w.stats.read_errors,
                 "skipped": w.stats.skipped,
+                "worker": 0,
+                "fps": self._latency[w.cfg.id].results / elapsed,
+                "latency": self._latency[w.cfg.id].to_dict(),
             }
             for w, q in zip(self.workers, self.batcher.queues if self.batcher else (), strict=False)
         }
