@@ -72,6 +72,7 @@ def camera_clips(tmp_path_factory) -> dict[str, Path]:
         "ipp": make_camera_clip(folder / "cam25-ipp.mp4", 125, 25, bframes=0),
     }
 
+
 _CHECK = """
 import gi
 gi.require_version("Gst", "1.0"); gi.require_version("GstRtspServer", "1.0")
