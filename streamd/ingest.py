@@ -3,18 +3,34 @@
 Hop: ``StreamConfig`` -> demuxer (``Packet``) -> decoder (``DecodedPicture``) -> ``Frame`` -> ``StreamQueue``.
 
 Every packet is decoded (P/B frames never lose their references); frames are dropped only afterwards, by the
-queue policy (``latest`` keeps the newest frames of a live stream, counted). Files end or loop, paced at their
-own rate when ``realtime``. Live streams reconnect after any failure: a refused or silent server, a read
+queue policy (``latest`` drops only when the pipeline is really behind, counted). Files end or loop, paced at
+their own rate when ``realtime``. Live streams reconnect after any failure: a refused or silent server, a read
 error, a server that closed the stream, or a stall (no packet or no decoded frame for ``stall_timeout_s``),
-waiting with exponential backoff (jitter, capped at ``reconnect_max_s``) and giving up only after
-``reconnect_attempts`` failures in a row (0 = never). Frame indices keep increasing across reconnects and
-loops; so do timestamps. Errors are counted and logged with the redacted URL, never raised into other streams.
-Every blocking call is bounded (open/read timeouts, queue waits that watch ``stop``), so ``stop`` is honoured
-within about a second plus the open/read timeouts.
+waiting with exponential backoff (jitter, capped at ``reconnect_max_s``); after a failure up to
+``reconnect_attempts`` reopens are tried before the stream is given up (0 = never give up). Errors are
+counted and logged with the redacted URL, never raised into other streams. Every blocking call is bounded
+(open/read timeouts, queue waits that watch ``stop``), so ``stop`` is honoured within about a second plus
+the open/read timeouts.
+
+Decoders: live streams (and files paced in real time) decode with low delay (no frame threading on the CPU,
+the lowest display delay on NVDEC). At the end of a file pass or a live session the decoder is flushed, so
+every picture it holds is delivered, and then *kept* for the next pass or session when the stream's format
+(codec, size, extradata) is unchanged; only a changed format makes a new decoder, and the old one is closed
+on a background thread. So neither a loop nor a reconnect creates or tears down a decoder.
+
+Timestamps: ``Frame.pts`` is the source's own presentation time on the first pass/session (equal to
+ffprobe's ``pts_time`` for a file; FFmpeg's RTSP timeline for a camera). A picture without a pts at the start
+of a live session (FFmpeg's RTSP client gives the first packet none) takes the next picture's pts minus one
+frame period. A later pass or session continues the timeline: its first picture comes ``max(period, gap)``
+after the last one, where ``gap`` is the real time between their packets' arrivals (live) — so pts keep
+increasing and the jump shows the outage. Frame indices keep increasing across reconnects and loops.
+``Frame.t_arrival`` is when the demuxer received the picture's packet (for paced files: when the pacer
+released the picture), the start of ``latency_ms.arrival``.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -23,14 +39,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamd.config import StreamConfig
-from streamd.decode import DecodedPicture, DecodeError, Decoder, create_decoder
+from streamd.decode import DecodedPicture, DecodeError, Decoder, close_later, create_decoder
 from streamd.pipeline.batcher import StreamQueue
-from streamd.sources import Demuxer, SourceError, open_stream
+from streamd.sources import Demuxer, SourceError, VideoInfo, open_stream
 from streamd.sources.backoff import Backoff, StallWatch
 from streamd.sources.file import Pacer
 from streamd.types import Frame
 
 log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD_S = 0.04  # frame period assumed when the container states no frame rate
 
 
 @dataclass(slots=True)
@@ -45,6 +63,8 @@ class StreamStats:
     stalls: int = 0  # sessions given up because nothing arrived for stall_timeout_s
     dropped_surfaces: int = 0  # NVDEC pictures dropped because downstream held every pooled buffer
     skipped: int = 0  # decoded frames not sent to the detector (streams[].detect_fps); not drops
+    opens: int = 0  # open attempts: the first open, reopens after failures, file loop passes
+    decoders_created: int = 0  # decoders made for this stream (1 unless its format changed)
     last_packet: float = 0.0  # time.monotonic() of the last packet read (0: none yet)
     last_error: str = ""  # the last failure, credentials redacted
     backend: str = ""  # demux backend in use: pyav | opencv
@@ -90,16 +110,24 @@ class StreamWorker:
         self.stats = StreamStats(decoder=decoder)
         self._decoder_kind = decoder
         self._decoder_options = dict(decoder_options or {})
+        self._decoder_options.setdefault("low_delay", cfg.is_live or cfg.realtime)
         if decoder == "nvdec":
             self._decoder_options.setdefault("device", device)
+            if "pool_size" in self._decoder_options and out.policy == "latest":
+                # The queue may hold up to hard_limit pictures while it works off a burst.
+                self._decoder_options["pool_size"] += max(0, out.hard_limit - out.capacity)
         self._demux = demux
+        self._decoder: Decoder | None = None  # kept across file passes and live sessions (same format)
+        self._surfaces_dropped = 0  # the decoder's own `dropped` count already added to the stats
         self._index = 0
-        # Timestamps: pts_out = base + (pts - first), base and first set per live session or per file pass.
-        self._base = 0.0
-        self._first: float | None = None
-        self._last_out: float | None = None
-        self._last_frame_time = 0.0
+        # Timeline: pts_out = pts + offset; offset set at the first picture of each pass/session.
+        self._offset: float | None = None
+        self._last_out: float | None = None  # pts of the last frame put out
+        self._last_frame_time = 0.0  # time.monotonic() when the last frame's packet arrived
         self._period = 0.0
+        self._time_base = 0.0
+        self._held: tuple[DecodedPicture, float, float] | None = None  # first picture of a session, no pts
+        self._arrivals: collections.deque[tuple[int | None, float]] = collections.deque(maxlen=64)
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
     def resume_at(self, index: int, pts: float | None, wall_time: float) -> None:
@@ -126,6 +154,9 @@ class StreamWorker:
         finally:
             if self.stats.state != "failed":
                 self.stats.state = "ended"
+            decoder, self._decoder = self._decoder, None
+            if decoder is not None:
+                close_later(decoder)  # NVDEC teardown must not hold up other streams' threads
             self.out.close()
 
     # -- open / reconnect ------------------------------------------------------------------------------------
@@ -134,6 +165,7 @@ class StreamWorker:
         backoff = Backoff(cfg.reconnect_initial_s, cfg.reconnect_max_s, attempts=cfg.reconnect_attempts)
         down_since: float | None = None
         while not self.stop.is_set():
+            self.stats.opens += 1
             try:
                 demuxer = open_stream(cfg, annexb=self._decoder_kind == "nvdec", backend=self._demux)
             except SourceError as exc:
@@ -143,12 +175,12 @@ class StreamWorker:
                     self.stats.state = "failed"
                     return
                 down_since = down_since or time.monotonic()
-                if not self._retry(backoff, f"cannot open: {exc}"):
+                if not self._retry(backoff, str(exc)):
                     return
                 continue
             if down_since is not None:
                 log.info(
-                    "stream %s (%s): reconnected after %.1f s (%d attempt(s))",
+                    "stream %s (%s): reconnected after %.1f s (reopen attempt %d)",
                     cfg.id, cfg.redacted_url, time.monotonic() - down_since, backoff.failures,
                 )  # fmt: skip
                 down_since = None
@@ -179,49 +211,67 @@ class StreamWorker:
         delay = backoff.failure()
         if delay is None:
             log.error(
-                "stream %s (%s): %s; giving up after %d failures in a row (reconnect_attempts)",
-                cfg.id, cfg.redacted_url, reason, backoff.failures,
+                "stream %s (%s): %s; giving up: %d reopen attempt(s) after the failure failed too "
+                "(reconnect_attempts %d)",
+                cfg.id, cfg.redacted_url, reason, backoff.reopens, cfg.reconnect_attempts,
             )  # fmt: skip
             self.stats.state = "failed"
             return False
         self.stats.state = "reconnecting"
+        left = f" of {cfg.reconnect_attempts}" if cfg.reconnect_attempts else ""
         log.warning(
-            "stream %s (%s): %s; reconnecting in %.1f s (failure %d)",
-            cfg.id, cfg.redacted_url, reason, delay, backoff.failures,
+            "stream %s (%s): %s; reopen attempt %d%s in %.1f s",
+            cfg.id, cfg.redacted_url, reason, backoff.failures, left, delay,
         )  # fmt: skip
         return not self.stop.wait(delay)
 
     # -- one session: demux -> decode -> queue ---------------------------------------------------------------
-    def _make_decoder(self, demuxer: Demuxer) -> Decoder:
+    def _decoder_for(self, info: VideoInfo) -> Decoder:
+        """The stream's decoder, kept from the last pass/session when the format is the same."""
+        decoder = self._decoder
+        if decoder is not None:
+            if decoder.restart(info):
+                return decoder
+            log.info("stream %s: the stream's format changed; a new decoder takes over", self.cfg.id)
+            self._decoder = None
+            close_later(decoder)
         kind = self._decoder_kind
         try:
-            return create_decoder(kind, demuxer.info, **self._decoder_options)
+            decoder = create_decoder(kind, info, **self._decoder_options)
         except DecodeError as exc:
             if kind == "cpu":
                 raise
             log.warning("stream %s: %s; decoding this stream on the CPU", self.cfg.id, exc)
-            return create_decoder("cpu", demuxer.info)
+            low_delay = self._decoder_options.get("low_delay", False)
+            decoder = create_decoder("cpu", info, low_delay=low_delay)
+        self._decoder = decoder
+        self._surfaces_dropped = 0
+        self.stats.decoders_created += 1
+        self.stats.decoder = decoder.name
+        return decoder
 
     def _session(self, demuxer: Demuxer, backoff: Backoff) -> str:
         """Decode the input until it ends, fails or stalls; returns why it ended (for the log)."""
         cfg = self.cfg
         info = demuxer.info
-        decoder = self._make_decoder(demuxer)
-        self.stats.decoder = decoder.name
-        self._period = 1.0 / info.fps if info.fps else 0.0
-        self._first = None
-        if self._last_out is not None:  # continue the timeline: a loop pass, or a new live session
-            gap = time.monotonic() - self._last_frame_time if cfg.is_live else 0.0
-            self._base = self._last_out + max(self._period, gap)
+        decoder = self._decoder_for(info)
+        if info.fps:
+            self._period = 1.0 / info.fps
+        self._period = self._period or DEFAULT_PERIOD_S
+        self._time_base = info.time_base
+        self._offset = None
+        self._held = None
+        self._arrivals.clear()
         watch = StallWatch(cfg.stall_timeout_s) if cfg.is_live else None
         pacer = Pacer(self.stop) if cfg.realtime and not cfg.is_live else None
         reason = "the server closed the stream"
         try:
             for packet in demuxer.packets():
+                arrived = time.perf_counter()
                 if self.stop.is_set():
                     return "stopped"
                 self.stats.last_packet = time.monotonic()
-                t0 = time.perf_counter()
+                self._arrivals.append((packet.pts, arrived))
                 skipped = decoder.skipped
                 try:
                     pictures = decoder.decode(packet)
@@ -239,7 +289,7 @@ class StreamWorker:
                         backoff.success()
                     elif why := watch.stalled():
                         raise _Stall(f"stalled: {why}")
-                decode_ms = (time.perf_counter() - t0) * 1e3 / max(1, len(pictures))
+                decode_ms = (time.perf_counter() - arrived) * 1e3 / max(1, len(pictures))
                 if not self._emit(pictures, decode_ms, pacer):
                     return "stopped"
             if not cfg.is_live:
@@ -254,15 +304,27 @@ class StreamWorker:
             if not cfg.is_live:
                 log.warning("stream %s (%s): %s; ending this pass", cfg.id, cfg.redacted_url, exc)
         finally:
-            skipped = decoder.skipped
-            try:
-                self._emit(decoder.flush(), 0.0, pacer)
-            except DecodeError:
-                self.stats.decode_errors += 1
-            self.stats.decode_errors += decoder.skipped - skipped
-            self.stats.dropped_surfaces += getattr(decoder, "dropped", 0)
-            decoder.close()
+            self._end_session(decoder, pacer)
         return reason
+
+    def _end_session(self, decoder: Decoder, pacer: Pacer | None) -> None:
+        """Flush the decoder (every picture it holds goes out, unless ``stop`` is set) and keep it."""
+        skipped = decoder.skipped
+        try:
+            pictures = decoder.flush()
+        except DecodeError:
+            self.stats.decode_errors += 1
+            pictures = []
+        self.stats.decode_errors += decoder.skipped - skipped
+        if self._emit(pictures, 0.0, pacer) and self._held is not None:
+            pic, arrived, decode_ms = self._held
+            self._held = None
+            guess = None if self._last_out is None else self._last_out + self._period
+            self._put(pic, guess, arrived, decode_ms, pacer)
+        self._held = None
+        dropped = int(getattr(decoder, "dropped", 0))
+        self.stats.dropped_surfaces += dropped - self._surfaces_dropped
+        self._surfaces_dropped = dropped
 
     def _detect(self, frame: Frame) -> bool:
         """detect_fps: False when the frame skips the detector (counted as skipped; a GPU surface goes back
@@ -280,41 +342,88 @@ class StreamWorker:
                 self.on_lines(lines)
         return False
 
-    def _pts(self, pts: float | None) -> float | None:
-        """The decoder's pts (seconds, this session/pass) on the stream's continuous timeline."""
-        if pts is None:
-            if self._last_out is None or not self.cfg.is_live:
-                return pts
-            return self._last_out + self._period
-        if self._first is None:
-            self._first = pts if self.cfg.is_live or self._last_out is not None else 0.0
-        return self._base + (pts - self._first)
+    # -- timestamps and arrival times ----------------------------------------------------------------------
+    def _arrival(self, pts: float | None) -> float:
+        """perf_counter() time the packet of the picture with ``pts`` (seconds) arrived."""
+        arrivals = self._arrivals
+        if not arrivals:
+            return time.perf_counter()
+        if pts is not None and self._time_base:
+            key = round(pts / self._time_base)
+            for i, (p, t) in enumerate(arrivals):
+                if p == key:
+                    del arrivals[i]
+                    return t
+        for i, (p, t) in enumerate(arrivals):  # no pts to match: the oldest packet without one
+            if p is None:
+                del arrivals[i]
+                return t
+        return arrivals.popleft()[1]
+
+    def _timeline(self, pts: float, arrived: float) -> float:
+        """The source's pts (seconds, this pass/session) on the stream's continuous timeline."""
+        if self._offset is None:  # the first picture of this pass or session
+            if self._last_out is None:
+                self._offset = 0.0  # the source's own timeline
+            else:
+                gap = 0.0
+                if self.cfg.is_live:
+                    now_mono, now_perf = time.monotonic(), time.perf_counter()
+                    gap = (now_mono - (now_perf - arrived)) - self._last_frame_time
+                self._offset = self._last_out + max(self._period, gap) - pts
+        return pts + self._offset
 
     def _emit(self, pictures: list[DecodedPicture], decode_ms: float, pacer: Pacer | None) -> bool:
         """Queue the pictures as Frames; False when ``stop`` was set while waiting."""
-        cfg = self.cfg
+        live = self.cfg.is_live
         for pic in pictures:
-            pts = self._pts(pic.pts)
-            if pacer is not None and not pacer.wait(pts):
-                return False
-            frame = Frame(
-                cfg.id,
-                self._index,
-                pts,
-                pic.width,
-                pic.height,
-                image=pic.image,
-                surface=pic.surface,
-                wall_time=time.time(),
-                t_decoded=time.perf_counter(),
-                decode_ms=decode_ms,
-            )
-            self._index += 1
-            self.stats.decoded += 1
-            self._last_out = pts if pts is not None else self._last_out
-            self._last_frame_time = time.monotonic()
-            if self.analytics is not None and not self._detect(frame):
+            arrived = self._arrival(pic.pts)
+            if pic.pts is None:
+                if live and self._offset is None and self._held is None:
+                    self._held = (pic, arrived, decode_ms)  # its pts comes from the next picture
+                    continue
+                guess = None
+                if self._last_out is not None and (live or self._offset is not None):
+                    guess = self._last_out + self._period
+                if not self._put(pic, guess, arrived, decode_ms, pacer):
+                    return False
                 continue
-            if not self.out.put(frame, self.stop):
+            if self._held is not None:
+                held, held_arrived, held_ms = self._held
+                self._held = None
+                first = self._timeline(pic.pts - self._period, held_arrived)
+                if not self._put(held, first, held_arrived, held_ms, pacer):
+                    return False
+            if not self._put(pic, self._timeline(pic.pts, arrived), arrived, decode_ms, pacer):
                 return False
         return True
+
+    def _put(
+        self, pic: DecodedPicture, pts: float | None, arrived: float, decode_ms: float, pacer: Pacer | None
+    ) -> bool:
+        if pacer is not None:
+            if not pacer.wait(pts):
+                return False
+            arrived = time.perf_counter()  # a paced file "arrives" when the pacer releases it
+        now = time.perf_counter()
+        frame = Frame(
+            self.cfg.id,
+            self._index,
+            pts,
+            pic.width,
+            pic.height,
+            image=pic.image,
+            surface=pic.surface,
+            wall_time=time.time(),
+            t_decoded=now,
+            decode_ms=decode_ms,
+            t_arrival=arrived,
+        )
+        self._index += 1
+        self.stats.decoded += 1
+        if pts is not None:
+            self._last_out = pts
+        self._last_frame_time = time.monotonic() - (now - arrived)
+        if self.analytics is not None and not self._detect(frame):
+            return True
+        return self.out.put(frame, self.stop)

@@ -1,75 +1,322 @@
-"""Metrics and health over HTTP on a loopback port: ``GET /metrics`` (Prometheus text), ``GET /healthz``.
+"""Metrics, health and the status page over HTTP on one port (default 127.0.0.1:9108).
 
-Standard library only, one daemon thread; the numbers come from a snapshot function the daemon provides, so
-this module knows nothing about the pipeline. ``/healthz`` answers 200 while results keep coming (or no
-stream is running), 503 when the snapshot says the pipeline is stalled (no result for a while although
-streams are running).
+``GET /metrics`` (Prometheus text from prometheus-client), ``GET /healthz`` (JSON, 503 when unhealthy),
+``GET /`` (status page), ``GET /api/status`` (the page's JSON), ``GET /streams/{id}/snapshot.jpg`` (the latest
+frame of a stream with its boxes). One daemon thread per request; this module knows nothing about the
+pipeline: every number comes from the supervisor's ``snapshot()`` dict, read at scrape time.
+
+The snapshot dict (every key optional except ``per_stream``)::
+
+    elapsed_s: float                   seconds since start
+    results: int                       frames whose results were produced, all streams
+    stalled: bool                      the pipeline is wedged (streams run, no result for a while)
+    per_stream: {stream_id: {
+        state: str                     starting | running | reconnecting | stalled | ended | failed
+        stalled: bool                  this stream delivers nothing although it should (or state 'stalled')
+        worker: str | int              the worker process carrying the stream (a label)
+        decoded, inferred, skipped, dropped, decode_errors, read_errors, reconnects, stalls: int (counters)
+        fps: float                     results per second, recent
+        latency: LatencyHistograms.to_dict()   per-stage latency histograms (since the worker started)
+    }}
+    sinks: {name: dropped}  or  sink_stats: {name: LineSink.stats()}   (queue depth = stats' ``queued``)
+    batches: {worker: {batches: int, frames: int, size: int}}         batch fill = frames / (batches * size)
+    workers: {worker: {rss_bytes: int, gpu_memory_bytes: int, restarts: int}}
+    gpu_memory_bytes: {device: int}
+
+Histograms arrive as data, not as calls: each worker keeps one ``LatencyHistograms`` per stream, calls
+``observe(result.latency_ms)`` per frame result (a few bisects) and ships ``to_dict()`` with its stats every
+0.5 s; a restarted worker starts from zero, which Prometheus reads as a counter reset.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import json
 import logging
+import os
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict]
+FrameSnapshot = Callable[[str], "bytes | None"]
+
+LATENCY_STAGES = ("decode", "queue", "preprocess", "infer", "postprocess", "batch", "total")
+LATENCY_BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
+STATES = ("starting", "running", "reconnecting", "stalled", "ended", "failed")
+COUNTERS = {
+    "decoded": "Frames decoded.",
+    "inferred": "Frames that went through the detector.",
+    "skipped": "Frames decoded but not sent to the detector (detect_fps).",
+    "dropped": "Decoded frames dropped because the pipeline was behind.",
+    "decode_errors": "Packets or pictures the decoder rejected.",
+    "read_errors": "Demux/read failures.",
+    "reconnects": "Reconnects of the source.",
+    "stalls": "Times the source stopped delivering packets (stall timeout).",
+}
 
 
-def _family(name: str, kind: str, help_text: str, samples: Mapping[str, float], label: str = "") -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    for key, value in samples.items():
-        lines.append(f'{name}{{{label}="{key}"}} {value}' if label else f"{name} {value}")
-    return lines
+class LatencyHistograms:
+    """Per-stage latency histograms of one stream (milliseconds, buckets ``LATENCY_BUCKETS_MS``).
+
+    Fed on the worker, per frame result: ``observe(result.latency_ms)``. ``to_dict()`` is plain data for the
+    stats message: ``{stage: {"counts": [per bucket, then +Inf], "sum": ms, "count": n}}`` (counts are per
+    bucket, not cumulative)."""
+
+    def __init__(self, stages: tuple[str, ...] = LATENCY_STAGES) -> None:
+        self._stages = stages
+        self._counts = {s: [0] * (len(LATENCY_BUCKETS_MS) + 1) for s in stages}
+        self._sum = dict.fromkeys(stages, 0.0)
+        self._n = dict.fromkeys(stages, 0)
+        self._results = 0
+
+    @property
+    def results(self) -> int:
+        """Frame results observed."""
+        return self._results
+
+    def observe(self, latency_ms: Mapping[str, float]) -> None:
+        self._results += 1
+        for stage, ms in latency_ms.items():
+            counts = self._counts.get(stage)
+            if counts is None:
+                continue
+            counts[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
+            self._sum[stage] += ms
+            self._n[stage] += 1
+
+    def to_dict(self) -> dict[str, dict]:
+        return {
+            s: {"counts": list(self._counts[s]), "sum": self._sum[s], "count": self._n[s]}
+            for s in self._stages
+            if self._n[s]
+        }
+
+
+def stream_stalled(stats: Mapping[str, Any]) -> bool:
+    return bool(stats.get("stalled")) or stats.get("state") == "stalled"
+
+
+def health(snapshot: Mapping[str, Any]) -> tuple[bool, dict]:
+    """(healthy, body): unhealthy when the pipeline is wedged or any stream is stalled."""
+    per_stream = snapshot.get("per_stream", {})
+    streams = {
+        sid: {
+            "state": s.get("state"),
+            "stalled": stream_stalled(s),
+            "fps": round(float(s.get("fps", 0.0)), 2),
+            "decoded": s.get("decoded", 0),
+            "dropped": s.get("dropped", 0),
+            "reconnects": s.get("reconnects", 0),
+            **({"worker": s["worker"]} if "worker" in s else {}),
+        }
+        for sid, s in per_stream.items()
+    }
+    wedged = bool(snapshot.get("stalled"))
+    stalled = sorted(sid for sid, s in streams.items() if s["stalled"])
+    ok = not wedged and not stalled
+    body = {
+        "ok": ok,
+        "pipeline_wedged": wedged,
+        "stalled_streams": stalled,
+        "results": snapshot.get("results", 0),
+        "running_streams": [sid for sid, s in streams.items() if s["state"] == "running"],
+        "streams": streams,
+    }
+    return ok, body
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class SnapshotCollector(Collector):
+    """Turns one snapshot dict into metric families at scrape time."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        per_stream: Mapping[str, Mapping[str, Any]] = snap.get("per_stream", {})
+        frames = CounterMetricFamily("streamd_frames", "Frames whose results were produced.")
+        frames.add_metric([], snap.get("results", 0))
+        yield frames
+        yield _gauge(
+            "streamd_uptime_seconds", "Seconds since the daemon started.", snap.get("elapsed_s", 0.0)
+        )
+        yield _gauge(
+            "streamd_pipeline_stalled", "1 while the pipeline is wedged.", int(bool(snap.get("stalled")))
+        )
+        labels = ["stream", "worker"]
+
+        def key(sid: str, s: Mapping[str, Any]) -> list[str]:
+            return [sid, str(s.get("worker", "0"))]
+
+        for name, help_text in COUNTERS.items():
+            family = CounterMetricFamily(f"streamd_stream_{name}", help_text, labels=labels)
+            for sid, s in per_stream.items():
+                if name in s:
+                    family.add_metric(key(sid, s), s[name])
+            yield family
+        fps = GaugeMetricFamily(
+            "streamd_stream_fps", "Results per second of the stream (recent).", labels=labels
+        )
+        up = GaugeMetricFamily("streamd_stream_up", "1 while the stream is delivering frames.", labels=labels)
+        state = GaugeMetricFamily(
+            "streamd_stream_state", "1 for the stream's current state.", labels=[*labels, "state"]
+        )
+        stalled = GaugeMetricFamily("streamd_stream_stalled", "1 while the stream is stalled.", labels=labels)
+        for sid, s in per_stream.items():
+            fps.add_metric(key(sid, s), float(s.get("fps", 0.0)))
+            up.add_metric(key(sid, s), int(s.get("state") == "running"))
+            stalled.add_metric(key(sid, s), int(stream_stalled(s)))
+            current = s.get("state", "")
+            for st in (*STATES, *(() if current in STATES else (current,))):
+                state.add_metric([*key(sid, s), st], int(st == current))
+        yield from (fps, up, state, stalled)
+        latency = HistogramMetricFamily(
+            "streamd_latency_seconds",
+            "Per-stage latency of frame results (total = decode start to result).",
+            labels=[*labels, "stage"],
+        )
+        bounds = [str(b / 1000) for b in LATENCY_BUCKETS_MS] + ["+Inf"]
+        for sid, s in per_stream.items():
+            for stage, h in s.get("latency", {}).items():
+                cumulative, running = [], 0
+                for bound, count in zip(bounds, h["counts"], strict=True):
+                    running += count
+                    cumulative.append((bound, running))
+                latency.add_metric([*key(sid, s), stage], cumulative, h["sum"] / 1000)
+        yield latency
+        yield from _sink_families(snap)
+        yield from _worker_families(snap)
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, help_text)
+    g.add_metric([], value)
+    return g
+
+
+def _sink_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    stats: dict[str, Mapping[str, Any]] = dict(snap.get("sink_stats", {}))
+    for name, dropped in snap.get("sinks", {}).items():
+        stats.setdefault(name, {"dropped": dropped} if not isinstance(dropped, Mapping) else dropped)
+    dropped = CounterMetricFamily("streamd_sink_dropped", "Lines a sink dropped.", labels=["sink"])
+    written = CounterMetricFamily("streamd_sink_written", "Lines a sink delivered.", labels=["sink"])
+    depth = GaugeMetricFamily("streamd_sink_queue_depth", "Lines waiting in a sink's queue.", labels=["sink"])
+    broken = GaugeMetricFamily(
+        "streamd_sink_broken", "1 when a sink's output failed for good.", labels=["sink"]
+    )
+    for name, s in stats.items():
+        dropped.add_metric([name], s.get("dropped", 0))
+        if "written" in s:
+            written.add_metric([name], s["written"])
+        if "queued" in s:
+            depth.add_metric([name], s["queued"])
+        broken.add_metric([name], int(bool(s.get("broken"))))
+    yield from (dropped, written, depth, broken)
+
+
+def _worker_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    fill = GaugeMetricFamily(
+        "streamd_batch_fill_ratio", "Frames per batch / batch size, since start.", labels=["worker"]
+    )
+    batches = CounterMetricFamily("streamd_batches", "Batches run.", labels=["worker"])
+    for wid, b in snap.get("batches", {}).items():
+        batches.add_metric([str(wid)], b.get("batches", 0))
+        if b.get("batches") and b.get("size"):
+            fill.add_metric([str(wid)], b.get("frames", 0) / (b["batches"] * b["size"]))
+    rss = GaugeMetricFamily(
+        "streamd_resident_memory_bytes", "Resident memory of each process.", labels=["process"]
+    )
+    rss.add_metric(["supervisor"], rss_bytes())
+    gpu = GaugeMetricFamily("streamd_gpu_memory_bytes", "GPU memory in use.", labels=["process", "device"])
+    restarts = CounterMetricFamily(
+        "streamd_worker_restarts", "Restarts of a worker process.", labels=["worker"]
+    )
+    for wid, w in snap.get("workers", {}).items():
+        if "rss_bytes" in w:
+            rss.add_metric([f"worker-{wid}"], w["rss_bytes"])
+        if "gpu_memory_bytes" in w:
+            gpu.add_metric([f"worker-{wid}", str(w.get("device", 0))], w["gpu_memory_bytes"])
+        if "restarts" in w:
+            restarts.add_metric([str(wid)], w["restarts"])
+    for device, used in snap.get("gpu_memory_bytes", {}).items():
+        gpu.add_metric(["all", str(device)], used)
+    yield from (batches, fill, rss, gpu, restarts)
 
 
 def render(snapshot: dict) -> str:
-    """Prometheus exposition text for a daemon snapshot."""
-    per_stream = snapshot.get("per_stream", {})
-    lines = _family(
-        "streamd_frames_total", "counter", "Frames whose results were produced.", {"": snapshot["results"]}
-    )
-    lines += _family(
-        "streamd_uptime_seconds",
-        "gauge",
-        "Seconds since the daemon started.",
-        {"": round(snapshot["elapsed_s"], 3)},
-    )
-    for key, help_text in (
-        ("decoded", "Frames decoded."),
-        ("dropped", "Decoded frames dropped because the pipeline was behind."),
-        ("decode_errors", "Packets the decoder rejected."),
-        ("read_errors", "Demux/read failures."),
-    ):
-        samples = {sid: s[key] for sid, s in per_stream.items()}
-        lines += _family(f"streamd_stream_{key}_total", "counter", help_text, samples, "stream")
-    up = {sid: int(s["state"] == "running") for sid, s in per_stream.items()}
-    lines += _family("streamd_stream_up", "gauge", "1 while the stream is delivering frames.", up, "stream")
-    lines += _family(
-        "streamd_sink_dropped_total", "counter", "Lines a sink dropped.", snapshot.get("sinks", {}), "sink"
-    )
-    return "\n".join(lines) + "\n"
+    """Prometheus exposition text for a snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+class _RateLimitedSnapshots:
+    """At most ``per_s`` JPEG encodes per stream per second (a cached JPEG is served in between), one at a
+    time across all streams: a page left open or a refresh loop cannot load the daemon."""
+
+    def __init__(self, source: FrameSnapshot, per_s: float) -> None:
+        self._source = source
+        self._min_gap = 1.0 / per_s
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, bytes | None]] = {}
+
+    def get(self, stream_id: str) -> bytes | None:
+        with self._lock:
+            hit = self._cache.get(stream_id)
+            if hit is not None and time.monotonic() - hit[0] < self._min_gap:
+                return hit[1]
+            jpeg = self._source(stream_id)
+            self._cache[stream_id] = (time.monotonic(), jpeg)
+            return jpeg
 
 
 class MetricsServer:
-    def __init__(self, host: str, port: int, snapshot: Snapshot) -> None:
+    """The HTTP endpoint. ``snapshot()`` returns the dict described in the module docstring;
+    ``frame_snapshot(stream_id)`` returns a JPEG of the stream's latest frame with boxes (or None)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        snapshot: Snapshot,
+        *,
+        frame_snapshot: FrameSnapshot | None = None,
+        status_page: bool = True,
+        snapshots_per_s: float = 2.0,
+    ) -> None:
         self._snapshot = snapshot
+        self._frames = _RateLimitedSnapshots(frame_snapshot, snapshots_per_s) if frame_snapshot else None
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(SnapshotCollector(snapshot))
+        self._status_page = status_page
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    server._reply(self, 200, render(server._snapshot()), "text/plain; version=0.0.4")
-                elif self.path == "/healthz":
-                    ok, body = server.health()
-                    server._reply(self, 200 if ok else 503, json.dumps(body), "application/json")
-                else:
-                    server._reply(self, 404, "not found: try /metrics or /healthz\n", "text/plain")
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
+                    server._get(self)
 
-            def log_message(self, *_args) -> None:  # keep request noise out of the daemon's log
+            def log_message(self, *_args: object) -> None:  # keep request noise out of the daemon's log
                 pass
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
@@ -78,24 +325,78 @@ class MetricsServer:
         self.address = self._httpd.server_address
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
 
+    def _get(self, handler: BaseHTTPRequestHandler) -> None:
+        path = handler.path.split("?", 1)[0]
+        if path == "/metrics":
+            body = generate_latest(self._registry)
+            self._reply(handler, 200, body, "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/healthz":
+            ok, info = self.health()
+            self._reply(handler, 200 if ok else 503, json.dumps(info).encode(), "application/json")
+        elif path == "/api/status" and self._status_page:
+            self._reply(handler, 200, json.dumps(self.status()).encode(), "application/json")
+        elif path == "/" and self._status_page:
+            from streamd.web.page import STATUS_PAGE
+
+            self._reply(handler, 200, STATUS_PAGE.encode(), "text/html; charset=utf-8")
+        elif path.startswith("/streams/") and path.endswith("/snapshot.jpg") and self._status_page:
+            sid = unquote(path[len("/streams/") : -len("/snapshot.jpg")])
+            known = sid in self._snapshot().get("per_stream", {})
+            jpeg = self._frames.get(sid) if self._frames is not None and known else None
+            if jpeg is None:
+                why = "unknown stream" if not known else "no frame yet"
+                self._reply(handler, 404, f"{why}: {sid}\n".encode(), "text/plain")
+            else:
+                self._reply(handler, 200, jpeg, "image/jpeg", cache=False)
+        else:
+            self._reply(handler, 404, b"not found: try /, /metrics or /healthz\n", "text/plain")
+
     def health(self) -> tuple[bool, dict]:
+        return health(self._snapshot())
+
+    def status(self) -> dict:
+        """What the status page shows: one row per stream."""
         snap = self._snapshot()
-        ok = not snap.get("stalled", False)
-        running = [sid for sid, s in snap.get("per_stream", {}).items() if s["state"] == "running"]
-        return ok, {"ok": ok, "results": snap["results"], "running_streams": running}
+        rows = []
+        for sid, s in snap.get("per_stream", {}).items():
+            total = s.get("latency", {}).get("total")
+            rows.append(
+                {
+                    "id": sid,
+                    "state": s.get("state"),
+                    "stalled": stream_stalled(s),
+                    "fps": round(float(s.get("fps", 0.0)), 1),
+                    "decoded": s.get("decoded", 0),
+                    "dropped": s.get("dropped", 0),
+                    "reconnects": s.get("reconnects", 0),
+                    "latency_ms": round(total["sum"] / total["count"], 1)
+                    if total and total["count"]
+                    else None,
+                    "worker": s.get("worker"),
+                }
+            )
+        return {
+            "results": snap.get("results", 0),
+            "uptime_s": round(float(snap.get("elapsed_s", 0.0)), 1),
+            "stalled": bool(snap.get("stalled")),
+            "streams": rows,
+        }
 
     @staticmethod
-    def _reply(handler: BaseHTTPRequestHandler, code: int, body: str, ctype: str) -> None:
-        data = body.encode()
+    def _reply(
+        handler: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str, cache: bool = False
+    ) -> None:
         handler.send_response(code)
         handler.send_header("Content-Type", ctype)
-        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("Content-Length", str(len(body)))
+        if not cache:
+            handler.send_header("Cache-Control", "no-store")
         handler.end_headers()
-        handler.wfile.write(data)
+        handler.wfile.write(body)
 
     def start(self) -> None:
         self._thread.start()
-        log.info("metrics on http://%s:%d/metrics", *self.address[:2])
+        log.info("metrics and status page on http://%s:%d/", *self.address[:2])
 
     def close(self) -> None:
         if self._thread.is_alive():  # shutdown() would wait forever for a loop that never started

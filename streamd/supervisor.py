@@ -41,7 +41,16 @@ from streamd.worker import Record, Resume, WorkerSpec, worker_main
 log = logging.getLogger(__name__)
 
 STREAMS_PER_WORKER = 16  # what one process carries cleanly on an H200 (live 1080p30, see bench/RESULTS.md)
-COUNTERS = ("decoded", "dropped", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
+COUNTERS = (
+    "decoded",
+    "inferred",
+    "dropped",
+    "skipped",
+    "decode_errors",
+    "read_errors",
+    "reconnects",
+    "stalls",
+)
 
 
 def gpu_present() -> bool:
@@ -112,6 +121,8 @@ class Supervisor:
         self._resume: dict[str, Resume] = {}
         self._info: dict[str, Any] = {}
         self._announced = False  # READY=1 sent
+        self._snapshots: dict[str, tuple[threading.Event, list[bytes | None]]] = {}  # pending page requests
+        self._snapshot_lock = threading.Lock()
         self.sinks: list[LineSink] = []
         self.sink_set: SinkSet | None = None
         self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate)
@@ -157,7 +168,14 @@ class Supervisor:
         metrics = None
         if cfg.metrics.enabled:
             try:
-                metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
+                metrics = MetricsServer(
+                    cfg.metrics.host,
+                    cfg.metrics.port,
+                    self.snapshot,
+                    frame_snapshot=self.frame_snapshot,
+                    status_page=cfg.metrics.status_page,
+                    snapshots_per_s=cfg.metrics.snapshots_per_s,
+                )
             except OSError as exc:
                 raise StartupError(
                     f"metrics.port: cannot listen on {cfg.metrics.host}:{cfg.metrics.port} ({exc}); "
@@ -294,10 +312,27 @@ class Supervisor:
                     "worker %d %s (pid %d): stream(s) %s",
                     w.index, "back" if w.restarts else "ready", message[1]["pid"], ", ".join(w.stream_ids),
                 )  # fmt: skip
+            elif kind == "snapshot":
+                pending = self._snapshots.get(message[1])
+                if pending is not None:
+                    pending[1].append(message[2])
+                    pending[0].set()
             elif kind == "error":
                 w.error = (message[1], message[2])
             elif kind == "done":
                 w.failed, w.done = bool(message[1]), True
+
+    def frame_snapshot(self, stream_id: str, timeout: float = 2.0) -> bytes | None:
+        """The status page's JPEG of a stream's latest frame, asked of the worker that carries the stream."""
+        w = self._owner.get(stream_id)
+        if w is None or not w.alive:
+            return None
+        with self._snapshot_lock:  # one request per stream at a time; the page rate-limits anyway
+            done, box = self._snapshots[stream_id] = (threading.Event(), [])
+            self._send(w, ("snapshot", stream_id))
+            done.wait(timeout)
+            self._snapshots.pop(stream_id, None)
+        return box[0] if box else None
 
     def _send(self, w: _Worker, message: tuple) -> None:
         if w.conn is not None and w.alive:
@@ -415,6 +450,15 @@ class Supervisor:
                     "restarts": w.restarts,
                     "results": w.results,
                     "streams": list(w.stream_ids),
+                    "rss_bytes": _rss_bytes(w.process.pid) if w.alive else 0,
+                }
+                for w in self.workers
+            },
+            "batches": {
+                w.index: {
+                    "batches": w.stats.get("batches", 0),
+                    "frames": w.stats.get("frames", 0),
+                    "size": w.stats.get("batch_size", self.config.pipeline.batch_size),
                 }
                 for w in self.workers
             },
@@ -477,3 +521,12 @@ class Supervisor:
             sink_drops,
             restarts,
         )
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process from /proc (0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

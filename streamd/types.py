@@ -29,9 +29,10 @@ class Frame:
     height: int
     image: np.ndarray | None = None
     surface: Any = None
-    wall_time: float = 0.0  # time.time() when the frame left the decoder (arrival time)
+    wall_time: float = 0.0  # time.time() when the frame left the decoder
     t_decoded: float = 0.0  # time.perf_counter() at the same moment, for latencies
     decode_ms: float = 0.0
+    t_arrival: float = 0.0  # time.perf_counter() when the demuxer received this picture's packet (0: unknown)
 
     def __post_init__(self) -> None:
         if self.image is not None and (

@@ -31,6 +31,7 @@ from streamd.analytics.stream import build_analytics
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
 from streamd.ingest import StreamWorker
+from streamd.metrics import LatencyHistograms
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resolve_layout
 from streamd.pipeline.preprocess import PreprocessSpec
@@ -38,6 +39,7 @@ from streamd.pipeline.scheduler import Scheduler
 from streamd.pipeline.stages import CpuStages, Stages
 from streamd.sinks.record import to_json_line
 from streamd.types import FrameResult
+from streamd.web.snapshot import LatestFrames
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,10 @@ class Pipeline:
         self.workers: list[StreamWorker] = []
         self.decoder = ""
         self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
+        self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
+        # The status page's snapshots: host frames only (a GPU surface is back in its pool by collect time).
+        self.latest = LatestFrames(config.model.class_names)
+        self._fps_mark: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.results = 0
         self._started = False
 
@@ -208,6 +214,8 @@ class Pipeline:
         records = []
         for r in results:
             f = r.frame
+            self.latency[f.stream_id].observe(r.latency_ms)
+            self.latest.update(r)
             hook = self.analytics.get(f.stream_id)
             if hook is None:
                 records.append(Record(f.stream_id, f.index, f.pts, f.wall_time, to_json_line(r, names)))
@@ -275,9 +283,16 @@ class Pipeline:
         tick apart, never inconsistent in type)."""
         queues = self.batcher.queues if self.batcher is not None else ()
         per_stream: dict[str, dict[str, Any]] = {}
+        now = time.monotonic()
+        mark, before = self._fps_mark
+        counts = {sid: h.results for sid, h in self.latency.items()}
+        if now - mark >= 2.0:  # fps over the last couple of seconds
+            self._fps_mark = (now, counts)
         for w, q in zip(self.workers, queues, strict=False):
             s = w.stats
-            per_stream[w.cfg.id] = {
+            sid = w.cfg.id
+            fps = (counts[sid] - before.get(sid, 0)) / max(now - mark, 1e-3) if before else 0.0
+            per_stream[sid] = {
                 "state": s.state,
                 "decoded": s.decoded,
                 "dropped": q.dropped,
@@ -286,6 +301,9 @@ class Pipeline:
                 "read_errors": s.read_errors,
                 "reconnects": s.reconnects,
                 "stalls": s.stalls,
+                "inferred": counts[sid],
+                "fps": round(fps, 2),
+                "latency": self.latency[sid].to_dict(),
                 "decoder": s.decoder,
             }
         sched = self.scheduler
@@ -293,6 +311,8 @@ class Pipeline:
             "results": self.results,
             "batches": sched.batches if sched else 0,
             "frames": sched.frames if sched else 0,
+            "batch_size": self.config.pipeline.batch_size,
+            "early_batches": self.batcher.early if self.batcher else 0,
             "error": repr(sched.error) if sched and sched.error else None,
             "per_stream": per_stream,
         }
@@ -382,5 +402,10 @@ def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline) -> None:
             pipeline.stop.set()
         elif kind == "abort":
             pipeline.abort()
-        elif kind == "snapshot":
-            channel.send(("snapshot", message[1], None))  # served by the status page's frame holder
+        elif kind == "snapshot":  # the status page asked: encode off the frame path, on this thread
+            try:
+                jpeg = pipeline.latest.jpeg(message[1])
+            except Exception:
+                log.exception("snapshot of %s failed", message[1])
+                jpeg = None
+            channel.send(("snapshot", message[1], jpeg))

@@ -40,13 +40,13 @@ def test_metrics_and_health_over_http(tmp_path, assets) -> None:
         while time.monotonic() < deadline:
             try:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-                if "streamd_frames_total" in text and "streamd_frames_total 0\n" not in text:
+                if "streamd_frames_total" in text and "streamd_frames_total 0.0\n" not in text:
                     break
             except OSError:
                 pass
             time.sleep(0.3)
-        assert 'streamd_stream_up{stream="cam"} 1' in text, text
-        frames = int(
+        assert 'streamd_stream_up{stream="cam",worker="0"} 1.0' in text, text
+        frames = float(
             next(line.split()[1] for line in text.splitlines() if line.startswith("streamd_frames_total"))
         )
         assert frames > 0

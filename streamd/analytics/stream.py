@@ -148,6 +148,11 @@ class StreamAnalytics:
         if self.tracker is not None:
             up = self.tracker.update(det.xyxy, det.score, det.class_id, frame.index, stream_time(frame))
             notes.track_id, notes.track_age, ended = up.track_id, up.track_age, up.ended
+            tracked = up.track_id >= 0
+            if not tracked.all():  # low score, continues no track: not written (ByteTrack's output)
+                det = Detections(det.xyxy[tracked], det.score[tracked], det.class_id[tracked])
+                notes.track_id, notes.track_age = up.track_id[tracked], up.track_age[tracked]
+                result = FrameResult(frame, det, result.latency_ms)
         if self.zones is not None:
             self._check_zones(frame)
             notes.zones = self.zones.membership(det.xyxy, det.class_id)

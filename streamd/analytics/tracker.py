@@ -6,8 +6,8 @@ Per detected frame (``ByteTracker.update``):
    ByteTrack) is predicted to this frame, ``dt`` = frames since the previous update (``detect_fps`` skips).
 2. High-score detections (``score >= high_score``) are matched to all live tracks (seen now or lost less than
    ``lost_timeout_s`` ago) on the IoU matrix, cost 1 - IoU, gated at ``match_iou``.
-3. The remaining detections are matched to the tracks seen in the previous update that are still unmatched,
-   gated at IoU 0.5 (ByteTrack's second association: occluded objects score low).
+3. The remaining (low-score) detections are matched to the tracks still unmatched, gated at IoU 0.3
+   (ByteTrack's second association: occluded objects score low).
 4. Unmatched detections scoring at least ``new_track_score`` start new tracks; tracks unseen for longer than
    ``lost_timeout_s`` end.
 
@@ -24,7 +24,7 @@ import numpy as np
 from streamd.config.tracking import TrackingConfig
 
 _W_POS, _W_VEL = 1.0 / 20, 1.0 / 160  # ByteTrack's noise weights (relative to the box height)
-_SECOND_IOU = 0.5
+_SECOND_IOU = 0.3  # measured on vtest: fewer id switches than ByteTrack's 0.5
 _NO_TRACK = -1
 
 
@@ -199,9 +199,10 @@ class ByteTracker:
         r, c = assign(iou[hi][:, free_track], cfg.match_iou)
         det_track[hi[r]] = np.flatnonzero(free_track)[c]
         free_track[det_track[hi[r]]] = False
-        # 2. the other detections against the tracks seen last time that are still free
+        # 2. the other detections against the tracks still free (also lost ones: an occluded object's low
+        #    score detection is what brings it back)
         lo = np.flatnonzero(~high)
-        cand = np.flatnonzero(free_track & self.seen_now)
+        cand = np.flatnonzero(free_track)
         r, c = assign(iou[lo][:, cand], _SECOND_IOU)
         det_track[lo[r]] = cand[c]
         free_track[cand[c]] = False

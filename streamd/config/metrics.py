@@ -1,4 +1,4 @@
-"""``metrics:`` — the optional Prometheus-style HTTP endpoint."""
+"""``metrics:`` — the optional HTTP endpoint: Prometheus metrics, health, the status page."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from streamd.config._fields import Problems, opt, read_section
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """An HTTP endpoint serving counters and latencies (``GET /metrics``)."""
+    """HTTP endpoint: ``/metrics`` (Prometheus), ``/healthz`` (JSON; 503 when stalled), ``/`` (status)."""
 
     enabled: bool = opt(False, "serve metrics over HTTP")
     host: str = opt(
@@ -19,6 +19,13 @@ class MetricsConfig:
         pattern_doc="a host name or IP address (no spaces or slashes)",
     )
     port: int = opt(9108, "TCP port to listen on", ge=1, le=65535)
+    status_page: bool = opt(True, "serve the status page (/) and the latest frame of each stream as a JPEG")
+    snapshots_per_s: float = opt(
+        2.0,
+        "most JPEG snapshots encoded per stream per second (a cached one is served in between)",
+        gt=0,
+        le=30,
+    )
 
 
 def parse_metrics(raw: object, problems: Problems) -> MetricsConfig:

@@ -146,7 +146,9 @@ SinkConfig = Union[JsonlSinkConfig, StdoutSinkConfig, MqttSinkConfig, HttpSinkCo
 SINK_TYPES: dict[str, type] = {
     "jsonl": JsonlSinkConfig,
     "stdout": StdoutSinkConfig,
-}  # mqtt and http join when their sinks land
+    "mqtt": MqttSinkConfig,
+    "http": HttpSinkConfig,
+}
 DEFAULT_SINKS: tuple[SinkConfig, ...] = (StdoutSinkConfig(),)
 
 

@@ -2,8 +2,9 @@
 
 The tracker itself is ``streamd.analytics.tracker``. Detections scoring at least ``high_score`` are matched to
 tracks first (IoU >= ``match_iou``); the others (between the model's score threshold and ``high_score``) then
-continue tracks that are still unmatched (IoU >= 0.5), as ByteTrack does. A detection left over that scores at
-least ``new_track_score`` starts a new track. A track not seen for ``lost_timeout_s`` seconds is ended.
+continue tracks that are still unmatched (IoU >= 0.3), as ByteTrack does. A detection left over that scores at
+least ``new_track_score`` starts a new track; one that does neither is not written (with tracking on, every
+written detection has a track_id). A track not seen for ``lost_timeout_s`` seconds is ended.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ class TrackingConfig:
         'tracks\' predicted boxes, marked "predicted": true (needs enabled: true)',
     )
     high_score: float = opt(
-        0.5,
+        0.4,
         "detections scoring at least this are matched to tracks first (ByteTrack's high group)",
         gt=0,
         lt=1,
     )
     new_track_score: float = opt(
-        0.5, "an unmatched detection scoring at least this starts a new track", gt=0, lt=1
+        0.25,
+        "an unmatched detection scoring at least this starts a new track; one below it that continues no "
+        "track is not written",
+        gt=0,
+        lt=1,
     )
     match_iou: float = opt(
         0.2, "least IoU between a track's predicted box and a high-score detection to match them", gt=0, lt=1

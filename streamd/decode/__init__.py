@@ -7,19 +7,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamd.decode.base import DecodedPicture, DecodeError, Decoder
+from streamd.decode.base import DecodedPicture, DecodeError, Decoder, close_later, same_format, wait_closed
 from streamd.sources.base import VideoInfo
 
 DECODERS = ("cpu", "nvdec")
 
-__all__ = ["DECODERS", "DecodeError", "DecodedPicture", "Decoder", "create_decoder"]
+__all__ = [
+    "DECODERS",
+    "DecodeError",
+    "DecodedPicture",
+    "Decoder",
+    "close_later",
+    "create_decoder",
+    "same_format",
+    "wait_closed",
+]
 
 
 def create_decoder(kind: str, info: VideoInfo, **options: Any) -> Decoder:
     """A decoder of ``kind`` (``cpu`` | ``nvdec``) for the stream described by ``info``.
 
     NVDEC needs Annex-B packets (open the source with ``annexb=True``). Options go to the decoder's
-    constructor (``threads`` for cpu; ``device``, ``pool_size`` ... for nvdec).
+    constructor (``low_delay`` for both: live streams; ``threads`` for cpu; ``device``, ``pool_size`` ...
+    for nvdec).
     """
     if kind == "cpu":
         try:

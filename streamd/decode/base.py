@@ -7,12 +7,18 @@ dropping happens later, after decode, in the stream's queue.
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from streamd.sources.base import Packet
+from streamd.sources.base import Packet, VideoInfo
+
+log = logging.getLogger(__name__)
 
 
 class DecodeError(RuntimeError):
@@ -38,12 +44,76 @@ class DecodedPicture:
 
 class Decoder(Protocol):
     """Packets in, pictures out. ``decode`` may return 0..n pictures (reordering delay); ``flush`` returns
-    what is still buffered at the end of a stream; ``close`` is safe to call twice. ``skipped`` counts
-    pictures decoded but withheld as corrupt."""
+    every picture still buffered at the end of a stream, a file pass or a live session, and leaves the
+    decoder ready for more; ``restart(info)`` says whether the decoder can go on with the next pass/session
+    described by ``info`` (same format: codec, size, extradata) — then it is kept, not torn down and
+    created again; ``close`` is safe to call twice. ``skipped`` counts pictures decoded but withheld as
+    corrupt."""
 
     name: str
     skipped: int
 
     def decode(self, packet: Packet) -> list[DecodedPicture]: ...
     def flush(self) -> list[DecodedPicture]: ...
+    def restart(self, info: VideoInfo) -> bool: ...
     def close(self) -> None: ...
+
+
+def same_format(a: VideoInfo, b: VideoInfo) -> bool:
+    """Whether a decoder made for ``a`` can decode ``b``: same codec, packet form and extradata, and the same
+    size where both know it (a live stream may report 0 x 0 before its parameter sets arrive)."""
+    if (a.codec, a.annexb, bytes(a.extradata)) != (b.codec, b.annexb, bytes(b.extradata)):
+        return False
+    sizes = ((a.width, a.height), (b.width, b.height))
+    return 0 in (a.width, b.width) or sizes[0] == sizes[1]
+
+
+class _Closer:
+    """One background thread that closes decoders handed to it, so that tearing a decoder down (NVDEC:
+    destroy the session, free its surfaces) never runs on a stream's decode thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.pending = 0
+
+    def submit(self, decoder: Any) -> None:
+        with self._lock:
+            self.pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="decoder-closer", daemon=True)
+                self._thread.start()
+        self._queue.put(decoder)
+
+    def _run(self) -> None:
+        while True:
+            decoder = self._queue.get()
+            try:
+                decoder.close()
+            except Exception:
+                log.exception("closing a decoder in the background failed")
+            finally:
+                del decoder
+                with self._lock:
+                    self.pending -= 1
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted decoder is closed; False if some are still pending at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self.pending
+
+
+_CLOSER = _Closer()
+
+
+def close_later(decoder: Any) -> None:
+    """Close ``decoder`` on the background closer thread (never blocks the caller)."""
+    _CLOSER.submit(decoder)
+
+
+def wait_closed(timeout: float = 10.0) -> bool:
+    """Wait for decoders handed to :func:`close_later` (call before the CUDA context goes away)."""
+    return _CLOSER.drain(timeout)

@@ -7,7 +7,7 @@ from typing import Any
 import av
 import numpy as np
 
-from streamd.decode.base import DecodedPicture, DecodeError
+from streamd.decode.base import DecodedPicture, DecodeError, same_format
 from streamd.sources.base import Packet, VideoInfo
 
 
@@ -18,12 +18,23 @@ class CpuDecoder:
     packets with Annex-B extradata (``VideoInfo.annexb``). A packet FFmpeg cannot decode raises
     :class:`DecodeError`; the decoder stays usable for the next one. Pictures FFmpeg flags as corrupt
     (damaged slices, concealed) are not returned unless ``keep_corrupt``; :attr:`skipped` counts them.
+
+    ``low_delay`` (live streams): slice threads only. FFmpeg's frame threading (the default, best for
+    throughput) holds one picture per thread — the first picture comes out only after ``threads + 1``
+    packets and every picture waits that long — so live streams decode without it; a picture then leaves as
+    soon as the stream's own reordering (B-frames) allows.
     """
 
     name = "cpu"
 
     def __init__(
-        self, info: VideoInfo, *, threads: int = 0, keep_luma: bool = False, keep_corrupt: bool = False
+        self,
+        info: VideoInfo,
+        *,
+        threads: int = 0,
+        low_delay: bool = False,
+        keep_luma: bool = False,
+        keep_corrupt: bool = False,
     ) -> None:
         try:
             # A video decoding context; PyAV's stubs type create() as the base class, without decode().
@@ -32,9 +43,11 @@ class CpuDecoder:
             raise DecodeError(f"no CPU decoder for codec {info.codec!r}: {exc}") from None
         if info.extradata:
             self._ctx.extradata = info.extradata
-        self._ctx.thread_type = "AUTO"
+        self._ctx.thread_type = "SLICE" if low_delay else "AUTO"
         if threads:
             self._ctx.thread_count = threads
+        self.info = info
+        self.low_delay = low_delay
         self._time_base = info.time_base
         self._keep_luma = keep_luma
         self._keep_corrupt = keep_corrupt
@@ -65,10 +78,22 @@ class CpuDecoder:
             raise DecodeError(f"undecodable packet ({type(exc).__name__}: {exc})") from None
 
     def flush(self) -> list[DecodedPicture]:
+        """Every picture still buffered (end of a stream, a file pass or a live session); the decoder is
+        reset afterwards, so it can go on with the next pass or session (:meth:`restart`)."""
         try:
             return self._convert(self._ctx.decode(None))
         except (av.FFmpegError, ValueError) as exc:
             raise DecodeError(f"flush failed ({type(exc).__name__}: {exc})") from None
+        finally:
+            self._ctx.flush_buffers()
+
+    def restart(self, info: VideoInfo) -> bool:
+        """Go on with a new pass/session of the stream (after :meth:`flush`): True if ``info`` has this
+        decoder's format (codec, size, extradata); False means the caller needs a new decoder."""
+        if not same_format(self.info, info):
+            return False
+        self.info, self._time_base = info, info.time_base
+        return True
 
     def close(self) -> None:
         self._ctx = None

@@ -21,6 +21,17 @@ Design
   change, the old decoder is flushed (its pictures are returned) and a new one decodes from this packet,
   which carries the new parameter sets. Decode failures (:attr:`RECREATE_AFTER` in a row) also recreate it,
   with twice the size headroom.
+- Low delay (``low_delay=True``, live streams): when the SPS says the stream never reorders (no B-frames;
+  :mod:`streamd.decode.sps`), the decoder runs with ``DisplayDecodeLatencyType.LOW`` and every packet is
+  marked ``ENDOFPICTURE``, so each picture leaves the ``Decode()`` call of its own packet; a stream with
+  B-frames keeps NATIVE (the least delay its reordering allows). Files read as fast as possible keep NATIVE.
+- Reuse: :meth:`NvdecDecoder.flush` (end of a file pass or a live session) sends ENDOFSTREAM, so every
+  picture is delivered, and the same PyNvVideoCodec decoder then goes on with the next pass or session
+  (parameter sets sent again in front); :meth:`NvdecDecoder.restart` tells the stream worker whether the
+  next pass/session has the same format. Creating and destroying decoders holds the GIL inside
+  PyNvVideoCodec (its destructor runs under pybind11), which stalled every other stream at each loop pass;
+  now a decoder is only replaced when the SPS changes, and the replaced one is destroyed on a background
+  thread (:func:`streamd.decode.base.close_later`).
 - Codecs: H.264 and HEVC, 8-bit 4:2:0. Hopper's NVDEC has no AV1 (``PyNvVCExceptionUnsupported``): AV1 and
   other codecs use the CPU decoder.
 
@@ -37,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from streamd.decode.base import DecodedPicture, DecodeError
+from streamd.decode.base import DecodedPicture, DecodeError, close_later, same_format
+from streamd.decode.sps import reorder_depth
 from streamd.sources.base import Packet, VideoInfo
 
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
@@ -344,6 +356,16 @@ class NV12Surface:
             give_back(slot, stream)
 
 
+class _Retired:
+    """A replaced PyNvVideoCodec decoder on its way to the background closer (dropped there)."""
+
+    def __init__(self, dec: Any) -> None:
+        self._dec = dec
+
+    def close(self) -> None:
+        self._dec = None
+
+
 class NvdecDecoder:
     """PyNvVideoCodec decoder fed by our demuxer; yields :class:`NV12Surface` pictures (see module docstring).
 
@@ -351,6 +373,7 @@ class NvdecDecoder:
     written). ``acquire_timeout_s``: how long to wait for a buffer when all are held before dropping the
     picture (counted in :attr:`dropped`). ``max_width/max_height``: the decoder is created for at least this
     size (or the stream's, if larger), so a stream that changes size within it is reconfigured in place.
+    ``low_delay``: live stream; use the zero-delay mode when the stream has no B-frames (module docstring).
     """
 
     name = "nvdec"
@@ -364,6 +387,7 @@ class NvdecDecoder:
         acquire_timeout_s: float = 1.0,
         max_width: int = 1920,
         max_height: int = 1088,
+        low_delay: bool = False,
         gpu: Any = None,
         nvc: Any = None,
     ) -> None:
@@ -395,11 +419,28 @@ class NvdecDecoder:
         self._errors_in_row = 0
         self._dec: Any = None
         self._closed = False
-        self._create()
+        self.low_delay = low_delay
+        self.latency = "native"  # native | low: the display delay mode of the current decoder
+        self.created = 0  # PyNvVideoCodec decoders created (1 + recreations)
+        self._create(info.extradata)
 
     # -- decoder lifecycle -------------------------------------------------------------------------------
-    def _create(self) -> None:
+    def _latency_for(self, head: Any) -> str:
+        """``low`` when low delay was asked for and the SPS in ``head`` (bytes or an Annex-B array) says the
+        stream never reorders; else ``native``."""
+        if not self.low_delay or head is None or not len(head):
+            return "native"
+        view = np.frombuffer(head, np.uint8) if isinstance(head, bytes) else head
+        sps = find_sps(view, self.info.codec)
+        return "low" if sps is not None and reorder_depth(sps, self.info.codec) == 0 else "native"
+
+    def _create(self, head: Any = None) -> None:
         nvc = self._nvc
+        self.latency = self._latency_for(head)
+        options: dict[str, Any] = {}
+        kinds = getattr(nvc, "DisplayDecodeLatencyType", None)
+        if kinds is not None:
+            options["latency"] = kinds.LOW if self.latency == "low" else kinds.NATIVE
         try:
             self._dec = nvc.CreateDecoder(
                 gpuid=self.device,
@@ -409,21 +450,34 @@ class NvdecDecoder:
                 usedevicememory=True,
                 maxwidth=self._max[0],
                 maxheight=self._max[1],
+                **options,
             )
         except Exception as exc:
             raise DecodeError(f"cannot create the NVDEC decoder for {self.info.codec}: {exc}") from None
+        self.created += 1
         self._send_extradata = bool(self.info.extradata)
         self._flushed = False
 
-    def _recreate(self, *, grow: bool) -> None:
-        """A fresh decoder (after a flush, or after failures: then with twice the size headroom, in case the
-        stream grew past it). It starts decoding at the next key frame."""
-        self._dec = None
+    def _recreate(self, *, grow: bool, head: Any = None) -> None:
+        """A fresh decoder (a new sequence, or after failures: then with twice the size headroom, in case
+        the stream grew past it). It starts decoding at the next key frame. The old one is destroyed on the
+        background closer thread (PyNvVideoCodec holds the GIL while it tears a decoder down)."""
+        old, self._dec = self._dec, None
+        if old is not None:
+            close_later(_Retired(old))
         if grow:
             self._max = (min(8192, 2 * self._max[0]), min(8192, 2 * self._max[1]))
             self.recreated += 1
         self._layout.clear()
-        self._create()
+        self._create(head if head is not None else self.info.extradata)
+
+    def restart(self, info: VideoInfo) -> bool:
+        """Go on with a new pass/session of the stream after :meth:`flush`: True (decoder kept) when ``info``
+        has this decoder's format; False: the caller needs a new decoder."""
+        if self._closed or not same_format(self.info, info):
+            return False
+        self.info = info
+        return True
 
     # -- decoding ----------------------------------------------------------------------------------------
     def decode(self, packet: Packet) -> list[DecodedPicture]:
@@ -431,12 +485,15 @@ class NvdecDecoder:
         before: list[DecodedPicture] = []
         sps = find_sps(view, self.info.codec)
         if sps is not None:
-            if self._sps is not None and sps != self._sps and not self._flushed:
-                before = self.flush()  # the old sequence's pictures; a new decoder takes this packet
+            if self._sps is not None and sps != self._sps:
+                if not self._flushed:
+                    before = self.flush()  # the old sequence's pictures; a new decoder takes this packet
                 self.sequence_changes += 1
+                self._recreate(grow=False, head=view)
             self._sps = sps
-        if self._flushed:
-            self._recreate(grow=False)
+        if self._flushed:  # after a flush (end of a pass/session): the same decoder goes on
+            self._flushed = False
+            self._send_extradata = bool(self.info.extradata)
         if self._send_extradata:  # parameter sets first (RTSP sends them out of band, in the SDP)
             view = np.concatenate((np.frombuffer(self.info.extradata, np.uint8), view))
             self._send_extradata = False
@@ -445,10 +502,13 @@ class NvdecDecoder:
         pd.bsl = int(view.size)
         if packet.pts is not None:
             pd.pts = int(packet.pts)
+        if self.latency == "low":  # one whole picture per packet: decode and display it now
+            pd.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
         return before + self._run(pd)  # `view` stays referenced until Decode() has parsed it
 
     def flush(self) -> list[DecodedPicture]:
-        """Pictures still in the decoder at the end of the stream; the next ``decode`` starts a new one."""
+        """Every picture still in the decoder (ENDOFSTREAM) at the end of a stream, a file pass or a live
+        session; the next ``decode`` goes on with the same decoder, parameter sets first."""
         if self._flushed or self._dec is None:
             return []
         pd = self._nvc.PacketData()

@@ -7,9 +7,9 @@ give — or
 ``timeout`` seconds after its first frame arrived. Streams are served round
 robin, one frame per stream per turn, so a fast stream cannot starve a slow one.
 
-Queue policies: ``latest`` (live sources) keeps the newest frames and drops the oldest — counted — when the
-pipeline is behind, so latency stays bounded; ``block`` (files read as fast as possible) makes the decoder
-wait, so every frame is processed.
+Queue policies: ``latest`` (live sources) drops the oldest frames — counted — only when the pipeline is
+really behind (see :class:`StreamQueue`), so latency stays bounded while bursts cost nothing; ``block``
+(files read as fast as possible) makes the decoder wait, so every frame is processed.
 """
 
 from __future__ import annotations
@@ -23,14 +23,39 @@ from streamd.types import Frame
 
 
 class StreamQueue:
-    """Bounded queue of decoded frames of one stream. All queues of a batcher share its condition."""
+    """Bounded queue of decoded frames of one stream. All queues of a batcher share its condition.
 
-    def __init__(self, stream_id: str, capacity: int, policy: str, cond: threading.Condition) -> None:
+    ``block``: ``put`` waits while ``capacity`` frames are queued (files read as fast as possible).
+
+    ``latest`` (live streams): ``put`` never waits. A frame is dropped — the oldest first, counted in
+    :attr:`dropped` — only when the pipeline is really behind: when more than ``capacity`` frames are queued
+    *and* the oldest has waited longer than ``max_lag_s`` since its packet arrived (``Frame.t_arrival``, else
+    ``t_decoded``), or when ``hard_limit`` frames are queued. So a burst that the consumer works off within
+    ``max_lag_s`` (the first half second of an RTSP session arriving at once, a decoder flush releasing its
+    reordered pictures) costs no frame, while a consumer that falls behind for good sees at most about
+    ``max_lag_s`` of latency and keeps getting the newest frames.
+    """
+
+    MAX_LAG_S = 1.0  # default age bound of the latest policy
+    HARD_LIMIT = 64  # default count bound of the latest policy (memory: BGR frames or NVDEC surfaces)
+
+    def __init__(
+        self,
+        stream_id: str,
+        capacity: int,
+        policy: str,
+        cond: threading.Condition,
+        *,
+        max_lag_s: float | None = None,
+        hard_limit: int | None = None,
+    ) -> None:
         if policy not in ("latest", "block"):
             raise ValueError(f"queue policy: expected 'latest' or 'block', got {policy!r}")
         self.stream_id = stream_id
         self.capacity = capacity
         self.policy = policy
+        self.max_lag_s = self.MAX_LAG_S if max_lag_s is None else max_lag_s
+        self.hard_limit = max(capacity, self.HARD_LIMIT if hard_limit is None else hard_limit)
         self.dropped = 0
         self.closed = False
         self._frames: collections.deque[Frame] = collections.deque()
@@ -44,12 +69,23 @@ class StreamQueue:
                     self._cond.wait(0.1)
                 if stop.is_set():
                     return False
-            elif len(self._frames) >= self.capacity:
-                self._frames.popleft()
-                self.dropped += 1
-            self._frames.append(frame)
+                self._frames.append(frame)
+            else:
+                self._frames.append(frame)
+                self._trim(time.perf_counter())
             self._cond.notify_all()
             return True
+
+    def _trim(self, now: float) -> None:
+        """Drop the oldest frames while the pipeline is behind (``latest``). Caller holds the lock."""
+        frames = self._frames
+        while len(frames) > self.capacity:
+            head = frames[0]
+            since = head.t_arrival or head.t_decoded
+            if len(frames) <= self.hard_limit and since and now - since <= self.max_lag_s:
+                return
+            frames.popleft()
+            self.dropped += 1
 
     def close(self) -> None:
         """The stream has ended: no more frames will come."""

@@ -122,6 +122,7 @@ class Scheduler:
                 latency["queue"] = round((slot.t_start - frame.t_decoded) * 1e3, 3)
                 latency["batch"] = round(batch_ms, 3)
                 latency["total"] = round((now - frame.t_decoded) * 1e3 + frame.decode_ms, 3)
+                latency["arrival"] = round((now - (frame.t_arrival or frame.t_decoded)) * 1e3, 3)
                 boxes = transform.to_source(det.xyxy, frame.width, frame.height)
                 source_det = type(det)(boxes, det.score, det.class_id)
                 results.append(FrameResult(frame, source_det, latency))

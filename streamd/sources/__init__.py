@@ -61,9 +61,11 @@ def open_stream(cfg: Any, *, annexb: bool = False, backend: str = "auto") -> Dem
     from streamd.sources.file import open_file
     from streamd.sources.rtsp import open_rtsp
 
+    stall_first = cfg.stall_timeout_s < cfg.read_timeout_s  # then a read gives up at the stall timeout
     timeouts = {
         "open_timeout_s": cfg.open_timeout_s,
         "read_timeout_s": min(cfg.read_timeout_s, cfg.stall_timeout_s),
+        "read_timeout_key": "stall_timeout_s" if stall_first else "read_timeout_s",
     }
     if cfg.is_live:
         return open_rtsp(cfg.url, transport=cfg.transport, annexb=annexb, backend=backend, **timeouts)

@@ -12,7 +12,12 @@ import time
 
 
 class Backoff:
-    """Delays between reopen attempts. ``attempts`` = failures in a row before giving up (0 = never)."""
+    """Delays between reopen attempts.
+
+    ``attempts`` = reopen attempts after a failure before giving up (0 = never give up): the failure that
+    ends a session (or a first open that fails) is followed by up to ``attempts`` reopens; when all of them
+    fail too, :meth:`failure` returns None. A success (a decoded frame) resets the count.
+    """
 
     def __init__(
         self,
@@ -37,9 +42,14 @@ class Backoff:
         self._rng = rng or random.Random()
 
     @property
+    def reopens(self) -> int:
+        """Reopen attempts made since the last success (each failure after the first one was a reopen)."""
+        return max(0, self.failures - 1)
+
+    @property
     def exhausted(self) -> bool:
-        """True once ``attempts`` failures in a row happened (never when ``attempts`` is 0)."""
-        return self.attempts > 0 and self.failures >= self.attempts
+        """True once ``attempts`` reopens after a failure failed as well (never when ``attempts`` is 0)."""
+        return self.attempts > 0 and self.failures > self.attempts
 
     def failure(self) -> float | None:
         """Count a failure; return the seconds to wait before the next attempt, or None to give up."""
@@ -74,10 +84,12 @@ class StallWatch:
         self.last_frame = self._clock()
 
     def stalled(self) -> str | None:
-        """None while healthy, else why: ``"no packet for X s"`` or ``"no frame for X s"``."""
+        """None while healthy, else why, naming the timeout and the real silence:
+        ``"no packet for X s (stall_timeout_s T s)"`` or ``"no decoded frame for X s (...)"``."""
         now = self._clock()
+        limit = f"(stall_timeout_s {self.timeout_s:g} s)"
         if now - self.last_packet > self.timeout_s:
-            return f"no packet for {now - self.last_packet:.1f} s"
+            return f"no packet for {now - self.last_packet:.1f} s {limit}"
         if now - self.last_frame > self.timeout_s:
-            return f"no decoded frame for {now - self.last_frame:.1f} s"
+            return f"no decoded frame for {now - self.last_frame:.1f} s {limit}"
         return None

@@ -151,6 +151,104 @@ def _hvcc_nals(data: bytes) -> list[bytes]:
     return nals
 
 
+SMALL_PACKET = 4096  # bytes; a packet of parameter sets / SEI only is far smaller than this
+
+
+def _first_slice(view: np.ndarray, codec: str) -> tuple[bool, bool] | None:
+    """(is an IRAP/IDR picture, is the first slice of its picture) of the first VCL NAL unit of an Annex-B
+    packet; None when the packet has no VCL NAL unit (parameter sets or SEI only)."""
+    head = view[:SMALL_PACKET]  # the first slice header follows the parameter sets and SEI, well inside
+    if head.size < 4:
+        return None
+    starts = np.flatnonzero((head[:-3] == 0) & (head[1:-2] == 0) & (head[2:-1] == 1)) + 3
+    for i in starts:
+        if i + 2 >= head.size:
+            break
+        if codec == "h264":
+            kind = int(head[i]) & 0x1F
+            if 1 <= kind <= 5:  # slice header: first_mb_in_slice ue(v) is 0 iff its first bit is 1
+                return kind == 5, bool(head[i + 1] & 0x80)
+        else:
+            kind = (int(head[i]) >> 1) & 0x3F
+            if kind < 32:  # first_slice_segment_in_pic_flag is the first bit after the 2-byte header
+                return 16 <= kind <= 23, bool(head[i + 2] & 0x80)
+    return None
+
+
+def has_picture(view: np.ndarray, codec: str) -> bool:
+    """Whether an Annex-B packet carries a coded slice (a VCL NAL unit); False for parameter sets / SEI."""
+    if view.size >= SMALL_PACKET or codec not in ANNEXB_CODECS:
+        return True
+    return _first_slice(view, codec) is not None or not nal_types(view, codec)
+
+
+class AccessUnits:
+    """Joins the packets of a live Annex-B source into whole access units (one picture per packet).
+
+    FFmpeg's RTSP client can hand out one picture in several packets: parameter sets alone, and — when the
+    camera (or GStreamer's ``config-interval``) repeats the parameter sets in front of every slice of a
+    multi-slice key frame — each slice of a key frame on its own. Fed like that, FFmpeg's decoder makes one
+    (half-grey) picture per part and its timestamps slip by a picture, and NVDEC would be told ENDOFPICTURE
+    in the middle of a picture. So parameter-set packets go in front of the next picture, and a key picture
+    is held until the next packet shows whether it continues it (its first slice is not the picture's
+    first). Holding costs one packet of delay on key pictures only: always for a session's first key
+    picture, and for later ones only once this source has been seen to split a picture.
+    """
+
+    def __init__(self, codec: str) -> None:
+        self.codec = codec
+        self._pending: list[bytes] = []  # parameter sets / SEI waiting for their picture
+        self._held: Packet | None = None  # a key picture that may continue in the next packet
+        self._held_parts: list[bytes] = []
+        self._first_key = True
+        self.splits = 0  # pictures that came in several packets and were joined
+
+    def push(self, view: np.ndarray, pts: int | None, is_key: bool, raw: Any) -> list[Packet]:
+        """The packets to decode now (0, 1 or 2)."""
+        if self.codec not in ANNEXB_CODECS:
+            return [Packet(raw if raw is not None else view, pts, is_key, raw)]
+        small = view.size < SMALL_PACKET
+        first = _first_slice(view, self.codec) if small or is_key or self._held else None
+        if first is None and small and nal_types(view, self.codec):
+            self._pending.append(view.tobytes())
+            return []
+        out: list[Packet] = []
+        if self._held is not None:
+            if first is not None and not first[1]:  # continues the held picture
+                self.splits += 1
+                self._held_parts += [*self._pending, view.tobytes()]
+                self._pending.clear()
+                if self._held.pts is None:
+                    self._held.pts = pts
+                return []
+            out.append(self._release())
+        key = first is not None and first[0]
+        if key and (self._first_key or self.splits):
+            self._first_key = False
+            self._held = Packet(b"", pts, True)
+            self._held_parts = [*self._pending, view.tobytes()]
+            self._pending.clear()
+            return out
+        if self._pending:
+            data = np.frombuffer(b"".join(self._pending) + view.tobytes(), np.uint8)
+            self._pending.clear()
+            out.append(Packet(data, pts, is_key or key, None))
+        else:
+            out.append(Packet(raw if raw is not None else view, pts, is_key or key, raw))
+        return out
+
+    def _release(self) -> Packet:
+        held, self._held = self._held, None
+        assert held is not None
+        held.data = np.frombuffer(b"".join(self._held_parts), np.uint8)
+        self._held_parts = []
+        return held
+
+    def flush(self) -> list[Packet]:
+        """What is still held at the end of the input."""
+        return [self._release()] if self._held is not None else []
+
+
 def nal_types(data: bytes | np.ndarray, codec: str) -> list[int]:
     """NAL unit types of an Annex-B buffer, in order (for tests and diagnostics)."""
     buf = bytes(data)

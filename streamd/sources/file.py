@@ -14,6 +14,7 @@ def open_file(
     *,
     open_timeout_s: float = 10.0,
     read_timeout_s: float = 5.0,
+    read_timeout_key: str = "read_timeout_s",
     annexb: bool = False,
     backend: str = "auto",
 ) -> Demuxer:
@@ -23,7 +24,13 @@ def open_file(
     if not path.is_file():
         raise SourceError(f"{path}: no such file")
     cls = demuxer_class(backend)
-    return cls(str(path), open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s, annexb=annexb)
+    return cls(
+        str(path),
+        open_timeout_s=open_timeout_s,
+        read_timeout_s=read_timeout_s,
+        read_timeout_key=read_timeout_key,
+        annexb=annexb,
+    )
 
 
 class Pacer:

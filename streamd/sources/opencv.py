@@ -26,6 +26,7 @@ import numpy as np
 
 from streamd.sources.base import (
     ANNEXB_CODECS,
+    AccessUnits,
     Packet,
     SourceError,
     SourceTimeout,
@@ -86,10 +87,12 @@ class OpenCVDemuxer:
         open_timeout_s: float = 10.0,
         read_timeout_s: float = 5.0,
         annexb: bool = True,
+        read_timeout_key: str = "read_timeout_s",
     ) -> None:
         del annexb  # OpenCV's raw mode always gives Annex-B for H.264/HEVC
         self._url = url
         self._read_timeout_s = read_timeout_s
+        self._read_timeout_key = read_timeout_key  # the config key the read timeout came from, for messages
         self._frame_count = 0
         env = "|".join(f"{k};{v}" for k, v in (options or {}).items())
         params = [
@@ -103,7 +106,8 @@ class OpenCVDemuxer:
             waited = time.monotonic() - started
             cap.release()
             if waited >= 0.95 * open_timeout_s:
-                raise SourceTimeout(scrub(f"cannot open {url}: no answer within {open_timeout_s:g} s", url))
+                why = f"no answer for {waited:.1f} s (open_timeout_s {open_timeout_s:g} s)"
+                raise SourceTimeout(scrub(f"cannot open {url}: {why}", url))
             raise SourceError(scrub(f"cannot open {url} (refused, missing or not a video)", url))
         if not cap.set(cv2.CAP_PROP_FORMAT, -1):
             cap.release()
@@ -135,11 +139,18 @@ class OpenCVDemuxer:
         """
         cap = self._cap
         count = 0
+        units = AccessUnits(self.info.codec)  # parameter sets that come alone go in front of the picture
         while True:
             started = time.monotonic()
             if not cap.grab():
-                if time.monotonic() - started >= 0.95 * self._read_timeout_s:
-                    raise SourceTimeout(f"read error: no packet within {self._read_timeout_s:g} s")
+                waited = time.monotonic() - started
+                if waited >= 0.95 * self._read_timeout_s:
+                    yield from units.flush()  # the last whole picture before the failure
+                    raise SourceTimeout(
+                        f"read error: no packet for {waited:.1f} s "
+                        f"({self._read_timeout_key} {self._read_timeout_s:g} s)"
+                    )
+                yield from units.flush()
                 if 0 < count < self._frame_count and not self._url.lower().startswith(("rtsp:", "rtsps:")):
                     raise SourceError(
                         f"input ended after {count} of {self._frame_count} packets (truncated?)"
@@ -151,7 +162,7 @@ class OpenCVDemuxer:
             count += 1
             pts_ms = cap.get(cv2.CAP_PROP_POS_MSEC)
             key = cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME) > 0
-            yield Packet(np.ascontiguousarray(data.reshape(-1)), round(pts_ms * 1000.0), key)
+            yield from units.push(np.ascontiguousarray(data.reshape(-1)), round(pts_ms * 1000.0), key, None)
 
     def close(self) -> None:
         cap, self._cap = getattr(self, "_cap", None), None  # type: ignore[assignment]

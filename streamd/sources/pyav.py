@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterator
 
 import av
+import numpy as np
 
 from streamd.sources.base import (
     ANNEXB_CODECS,
+    AccessUnits,
     Packet,
     SourceError,
     SourceTimeout,
@@ -28,14 +30,19 @@ _BT709 = 1  # AVColorSpace values
 _FULL_RANGE = 2  # AVColorRange: AVCOL_RANGE_JPEG
 
 
-def _error(what: str, exc: BaseException, url: str, started: float, timeout_s: float) -> SourceError:
-    """A SourceError (SourceTimeout when the call ran into its timeout) with credentials scrubbed."""
+def _error(
+    what: str, exc: BaseException, url: str, started: float, timeout_s: float, key: str
+) -> SourceError:
+    """A SourceError (SourceTimeout when the call ran into its timeout) with credentials scrubbed.
+
+    A timeout names the setting that fired (``key``, e.g. ``read_timeout_s``) and how long the call really
+    waited: FFmpeg's RTSP client retries a timed-out read once, so a hung server is noticed after about
+    twice the read timeout, and the message says so instead of claiming the configured value.
+    """
     text = scrub(f"{what}: {type(exc).__name__}: {exc}", url)
-    if (
-        isinstance(exc, (av.ExitError, av.error.TimeoutError))
-        or time.monotonic() - started >= 0.95 * timeout_s
-    ):
-        return SourceTimeout(f"{text} (no answer within {timeout_s:g} s)")
+    waited = time.monotonic() - started
+    if isinstance(exc, (av.ExitError, av.error.TimeoutError)) or waited >= 0.95 * timeout_s:
+        return SourceTimeout(f"{text} (no answer for {waited:.1f} s; {key} {timeout_s:g} s)")
     return SourceError(text)
 
 
@@ -52,14 +59,16 @@ class PyAVDemuxer:
         open_timeout_s: float = 10.0,
         read_timeout_s: float = 5.0,
         annexb: bool = False,
+        read_timeout_key: str = "read_timeout_s",
     ) -> None:
         self._url = url
         self._read_timeout_s = read_timeout_s
+        self._read_timeout_key = read_timeout_key  # the config key the read timeout came from, for messages
         started = time.monotonic()
         try:
             self._container = av.open(url, options=options or {}, timeout=(open_timeout_s, read_timeout_s))
         except (av.FFmpegError, OSError) as exc:
-            raise _error("cannot open", exc, url, started, open_timeout_s) from None
+            raise _error("cannot open", exc, url, started, open_timeout_s, "open_timeout_s") from None
         try:
             self.stream = self._container.streams.video[0]
         except IndexError:
@@ -71,6 +80,8 @@ class PyAVDemuxer:
         self._bsf: av.BitStreamFilterContext | None = None
         if annexb and codec in ANNEXB_CODECS and extradata[:1] == b"\x01":  # avcC/hvcC: MP4, MKV
             self._bsf = av.BitStreamFilterContext(f"{codec}_mp4toannexb", self.stream)
+        # Annex-B from the source itself (RTSP, MPEG-TS): parameter sets may come in packets of their own.
+        self._units = AccessUnits(codec) if codec in ANNEXB_CODECS and extradata[:1] != b"\x01" else None
         rate = self.stream.average_rate or self.stream.guessed_rate
         self.info = VideoInfo(
             codec=codec,
@@ -96,10 +107,21 @@ class PyAVDemuxer:
                     continue
                 count += 1
                 for out in self._bsf.filter(pkt) if self._bsf is not None else (pkt,):
-                    yield Packet(out, out.pts, bool(out.is_keyframe), out)
+                    if self._units is None:
+                        yield Packet(out, out.pts, bool(out.is_keyframe), out)
+                    else:
+                        view = np.frombuffer(memoryview(out), np.uint8)  # type: ignore[arg-type]
+                        yield from self._units.push(view, out.pts, bool(out.is_keyframe), out)
                 started = time.monotonic()
         except (av.FFmpegError, OSError) as exc:
-            raise _error("read error", exc, self._url, started, self._read_timeout_s) from None
+            error = _error(
+                "read error", exc, self._url, started, self._read_timeout_s, self._read_timeout_key
+            )
+            if self._units is not None:
+                yield from self._units.flush()  # the last whole picture before the failure
+            raise error from None
+        if self._units is not None:
+            yield from self._units.flush()
         expected = self.stream.frames  # from the container's index; 0 when unknown (live, raw streams)
         if 0 < count < expected:
             raise SourceError(f"input ended after {count} of {expected} packets (truncated?)")

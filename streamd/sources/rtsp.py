@@ -36,6 +36,7 @@ def open_rtsp(
     transport: str = "tcp",
     open_timeout_s: float = 10.0,
     read_timeout_s: float = 5.0,
+    read_timeout_key: str = "read_timeout_s",
     annexb: bool = False,
     backend: str = "auto",
 ) -> Demuxer:
@@ -48,5 +49,6 @@ def open_rtsp(
         options=rtsp_options(transport),
         open_timeout_s=open_timeout_s,
         read_timeout_s=read_timeout_s,
+        read_timeout_key=read_timeout_key,
         annexb=annexb,
     )

@@ -124,6 +124,15 @@ def test_leave_when_a_track_ends_inside(tmp_path):
     assert [(e["event"], e["frame"]) for e in events] == [("enter", 0), ("leave", 11)]
 
 
+def test_detections_that_no_track_takes_are_not_written(tmp_path):
+    cfg = config(tmp_path, tracking={"new_track_score": 0.5, "high_score": 0.5})
+    a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
+    (first,) = parse(a.on_result(result(0, [person(0), [600, 100, 640, 200]], [0.9, 0.3])))
+    assert [d["track_id"] for d in first["detections"]] == [1]
+    (second,) = parse(a.on_result(result(1, [person(1)], [0.3])))  # low score, continues track 1
+    assert [(d["track_id"], d["score"]) for d in second["detections"]] == [(1, 0.3)]
+
+
 def test_inactive_stream_gets_no_hook(tmp_path):
     (tmp_path / "v.mp4").write_bytes(b"\0")
     cfg = parse_config(

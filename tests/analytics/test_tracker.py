@@ -67,7 +67,7 @@ def test_crossing_with_merged_detection_and_occlusion():
 
 
 def test_low_score_detections_continue_but_do_not_start_tracks():
-    tracker = ByteTracker(ON)
+    tracker = ByteTracker(TrackingConfig(enabled=True, high_score=0.5, new_track_score=0.5))
     (tid,) = step(tracker, [box(100, 100)], [0.9], 0).track_id.tolist()
     up = step(tracker, [box(104, 100), box(400, 400)], [0.2, 0.3], 1)  # both below high_score
     assert up.track_id.tolist() == [tid, -1] and up.track_age.tolist() == [1, 0]

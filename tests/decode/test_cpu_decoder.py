@@ -9,13 +9,15 @@ import ctypes
 import gc
 import subprocess
 import sys
+import weakref
+from fractions import Fraction
 from types import SimpleNamespace
 
 import cv2
 import numpy as np
 import pytest
 
-from streamd.decode import DecodeError, create_decoder
+from streamd.decode import DecodeError, create_decoder, wait_closed
 from streamd.decode.cpu import CpuDecoder
 from streamd.sources import Packet, available_backends, demuxer_class
 from streamd.sources.base import VideoInfo
@@ -198,7 +200,8 @@ class FakeNvDecoder:
 
 class FakeNvc:
     cudaVideoCodec = SimpleNamespace(H264="H264", HEVC="HEVC")
-    VideoPacketFlag = SimpleNamespace(ENDOFSTREAM=2)
+    VideoPacketFlag = SimpleNamespace(ENDOFPICTURE=1, ENDOFSTREAM=2)
+    DisplayDecodeLatencyType = SimpleNamespace(NATIVE="NATIVE", LOW="LOW", ZERO="ZERO")
 
     class PacketData:
         def __init__(self):
@@ -208,8 +211,21 @@ class FakeNvc:
         self.decoders: list[FakeNvDecoder] = []
 
     def CreateDecoder(self, **kw):
-        self.decoders.append(FakeNvDecoder(self, kw))
-        return self.decoders[-1]
+        dec = FakeNvDecoder(self, kw)
+        self.decoders.append(_Tracked(dec))
+        return dec
+
+
+class _Tracked:
+    """What the test keeps of a fake decoder: its calls, and whether the decoder itself was dropped."""
+
+    def __init__(self, dec: FakeNvDecoder) -> None:
+        self.kw, self.fed, self._ref = dec.kw, dec.fed, weakref.ref(dec)
+
+    @property
+    def released(self) -> bool:
+        gc.collect()
+        return self._ref() is None
 
 
 INFO = VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=b"\x00\x00\x00\x01gSPS", annexb=True)
@@ -265,17 +281,97 @@ def test_surfaces_return_to_the_pool_after_the_consumer_stream() -> None:
     assert gpu.log[-1] == ("release_context",) and len(gpu.freed) == 2  # last buffer gone, then the context
 
 
-def test_decode_after_flush_starts_a_new_decoder_and_errors_recreate_it() -> None:
+def test_decode_after_flush_keeps_the_decoder_and_errors_recreate_it() -> None:
+    """A file pass / live session ends with a flush (ENDOFSTREAM: every picture out); the next one goes on
+    with the same PyNvVideoCodec decoder, parameter sets sent again in front."""
     dec, _, nvc = make_nvdec()
-    dec.decode(pkt(b"\x00\x00\x01x", 0))
-    dec.flush()
-    dec.decode(pkt(b"\x00\x00\x01y", 1))
-    assert len(nvc.decoders) == 2 and nvc.decoders[1].fed[0][0].startswith(b"\x00\x00\x00\x01gSPS")
+    out = dec.decode(pkt(b"\x00\x00\x01x", 0)) + dec.flush()
+    assert [p.pts for p in out] == [0.0]
+    assert dec.restart(INFO)
+    out = dec.decode(pkt(b"\x00\x00\x01y", 1)) + dec.flush()
+    assert [p.pts for p in out] == [0.01] and len(nvc.decoders) == 1 and dec.created == 1
+    fed = nvc.decoders[0].fed
+    assert fed[2][0] == b"\x00\x00\x00\x01gSPS\x00\x00\x01y"  # parameter sets again after the flush
+    assert not dec.restart(
+        VideoInfo("h264", 128, 96, 10.0, 0.01, extradata=b"\x00\x00\x00\x01gSPS", annexb=True)
+    )
+    assert not dec.restart(
+        VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=b"\x00\x00\x00\x01gOTHER", annexb=True)
+    )
+    dec.decode(pkt(b"\x00\x00\x01z", 2))
     for _ in range(3):
         with pytest.raises(DecodeError, match="bitstream error"):
-            dec.decode(pkt(b"BAD", 2))
-    assert len(nvc.decoders) == 3 and dec.recreated == 1
-    assert (nvc.decoders[2].kw["maxwidth"], nvc.decoders[2].kw["maxheight"]) == (3840, 2176)
+            dec.decode(pkt(b"BAD", 3))
+    assert len(nvc.decoders) == 2 and dec.recreated == 1
+    assert (nvc.decoders[1].kw["maxwidth"], nvc.decoders[1].kw["maxheight"]) == (3840, 2176)
+    assert wait_closed(5) and nvc.decoders[0].released  # the old one was dropped on the closer thread
+
+
+def test_new_sps_flushes_and_replaces_the_decoder_off_the_decode_thread() -> None:
+    dec, _, nvc = make_nvdec()
+    sps_a, sps_b = b"\x00\x00\x00\x01\x67AAAA", b"\x00\x00\x00\x01\x67BBBB"
+    out = dec.decode(pkt(sps_a + b"\x00\x00\x01\x65x", 0))
+    out += dec.decode(pkt(b"\x00\x00\x01\x41y", 1))
+    out += dec.decode(pkt(sps_a + b"\x00\x00\x01\x65z", 2))  # same SPS again: nothing happens
+    assert len(nvc.decoders) == 1
+    out += dec.decode(pkt(sps_b + b"\x00\x00\x01\x65w", 3)) + dec.flush()
+    assert [p.pts for p in out] == [0.0, 0.01, 0.02, 0.03]  # the old sequence's pictures first
+    assert len(nvc.decoders) == 2 and dec.sequence_changes == 1
+    assert nvc.decoders[0].fed[-1][2] == FakeNvc.VideoPacketFlag.ENDOFSTREAM
+    assert wait_closed(5) and nvc.decoders[0].released
+
+
+# x264/x265 SPS NAL units (header included) as find_sps returns them: Baseline and High without B-frames,
+# High with B-frames (bitstream restriction present), HEVC without / with B-frames.
+def _sps_of(codec: str, params: str) -> bytes:
+    import av
+
+    from streamd.decode.nvdec import find_sps
+    from streamd.sources.base import to_annexb_extradata
+
+    ctx = av.CodecContext.create(codec, "w")
+    ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = 64, 64, "yuv420p", Fraction(1, 25)
+    ctx.flags |= 1 << 22  # AV_CODEC_FLAG_GLOBAL_HEADER: parameter sets in extradata
+    ctx.options = {"x264-params" if codec == "libx264" else "x265-params": params}
+    ctx.open()
+    name = "h264" if codec == "libx264" else "hevc"
+    extradata = to_annexb_extradata(bytes(ctx.extradata), name)
+    sps = find_sps(np.frombuffer(extradata, np.uint8), name)
+    assert sps is not None
+    return sps
+
+
+@pytest.mark.parametrize(
+    ("codec", "params", "depth"),
+    [
+        ("libx264", "bframes=0:profile=baseline", 0),
+        ("libx264", "bframes=0", 0),
+        ("libx264", "bframes=3", 2),
+        ("libx264", "bframes=2:b-pyramid=none", 1),
+        ("libx265", "bframes=0:log-level=none", 0),
+        ("libx265", "bframes=4:log-level=none", 2),
+    ],
+)
+def test_reorder_depth_from_the_sps(codec, params, depth) -> None:
+    from streamd.decode.sps import reorder_depth
+
+    assert reorder_depth(_sps_of(codec, params), "h264" if codec == "libx264" else "hevc") == depth
+
+
+def test_low_delay_uses_zero_display_delay_only_without_b_frames() -> None:
+    no_b = b"\x00\x00\x00\x01" + _sps_of("libx264", "bframes=0")
+    with_b = b"\x00\x00\x00\x01" + _sps_of("libx264", "bframes=3")
+    for extradata, live, expected in [(no_b, True, "low"), (with_b, True, "native"), (no_b, False, "native")]:
+        info = VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=extradata, annexb=True)
+        from streamd.decode.nvdec import NvdecDecoder
+
+        nvc = FakeNvc()
+        dec = NvdecDecoder(info, gpu=FakeGpu(), nvc=nvc, low_delay=live)
+        assert dec.latency == expected
+        assert nvc.decoders[0].kw["latency"] == expected.upper()
+        dec.decode(pkt(b"\x00\x00\x01\x65x", 0))
+        flag = nvc.decoders[0].fed[0][2]
+        assert flag == (FakeNvc.VideoPacketFlag.ENDOFPICTURE if expected == "low" else 0)
 
 
 def test_nvdec_refuses_what_it_cannot_decode() -> None:

@@ -57,3 +57,51 @@ def fake_lines(n: int, stream: str = "demo", every_empty: int = 3) -> list[str]:
         }
         out.append(json.dumps(rec, separators=(",", ":")) + "\n")
     return out
+
+
+class Endpoint:
+    """A real HTTP server (http.server in a thread) that records the JSON batches POSTed to it.
+
+    ``answer(elapsed_s)`` gives the status for a request arriving ``elapsed_s`` after the first one."""
+
+    def __init__(self, answer=lambda _t: 200) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.batches: list[list[dict]] = []
+        self.statuses: list[int] = []
+        self.answer = answer
+        self._t0: float | None = None
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                import time
+
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                now = time.monotonic()
+                if endpoint._t0 is None:
+                    endpoint._t0 = now
+                status = endpoint.answer(now - endpoint._t0)
+                endpoint.statuses.append(status)
+                if status == 200:
+                    assert self.headers["Content-Type"] == "application/json"
+                    endpoint.batches.append(json.loads(body))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def frames(self) -> list[int]:
+        return [rec["frame"] for batch in self.batches for rec in batch]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

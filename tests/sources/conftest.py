@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,48 @@ SERVER = HERE / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CLIP = ROOT / "samples" / "vtest.mp4"
 CLIP_HEVC = ROOT / "samples" / "vtest-hevc.mp4"
+DATA = HERE / "data"
+
+
+def ffprobe_pts(clip: Path) -> list[float]:
+    """ffprobe's ``pts_time`` of every frame of a bundled clip, recorded in tests/sources/data/ by
+    ``ffprobe -v error -select_streams v:0 -show_entries frame=pts_time -of default=nw=1:nk=1 CLIP``
+    (FFmpeg 5.1, Debian 12)."""
+    return [float(x) for x in (DATA / f"{clip.stem}.pts_time").read_text().split()]
+
+
+def make_camera_clip(path: Path, frames: int, fps: int, *, bframes: int) -> Path:
+    """An H.264 MP4 of the first ``frames`` pictures of the bundled footage at ``fps`` (like a camera:
+    ``bframes=0``, key frame every second), encoded with PyAV's libx264."""
+    import av
+
+    src = av.open(str(CLIP))
+    out = av.open(str(path), "w")
+    stream = out.add_stream("libx264", rate=fps)
+    stream.width, stream.height, stream.pix_fmt = 768, 576, "yuv420p"
+    stream.options = {"preset": "veryfast", "x264-params": f"bframes={bframes}:keyint={fps}:log-level=none"}
+    for i, picture in enumerate(src.decode(video=0)):
+        if i == frames:
+            break
+        picture.pts, picture.time_base = i, Fraction(1, fps)
+        for packet in stream.encode(picture):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
+    out.close()
+    src.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def camera_clips(tmp_path_factory) -> dict[str, Path]:
+    """``b``: 250 frames, 25 fps, with B-frames (x264 defaults); ``ipp``: 125 frames, 25 fps, no B-frames."""
+    folder = tmp_path_factory.mktemp("clips")
+    return {
+        "b": make_camera_clip(folder / "cam25-b.mp4", 250, 25, bframes=3),
+        "ipp": make_camera_clip(folder / "cam25-ipp.mp4", 125, 25, bframes=0),
+    }
+
 
 _CHECK = """
 import gi
@@ -185,6 +228,7 @@ class Seen:
     """What the consumer saw of one stream: per frame (index, pts, width, height, arrival monotonic time)."""
 
     frames: list[tuple[int, float | None, int, int, float]] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)  # packet arrival -> consumed, per frame
 
     @property
     def indices(self) -> list[int]:
@@ -197,8 +241,9 @@ class Seen:
 class Pipeline:
     """Workers feeding a real Batcher, and a consumer thread that records frames (and drops the pixels)."""
 
-    def __init__(self, capacity: int = 4) -> None:
+    def __init__(self, capacity: int = 4, work_s: float = 0.0) -> None:
         self.batcher = Batcher(8, 0.01)
+        self.work_s = work_s  # simulated processing time per frame (a detector)
         self.stop = threading.Event()
         self.capacity = capacity
         self.workers: dict[str, StreamWorker] = {}
@@ -226,9 +271,12 @@ class Pipeline:
                 if self.batcher.finished():
                     return
                 continue
-            now = time.monotonic()
+            if self.work_s:
+                time.sleep(self.work_s * len(batch))
+            now, done = time.monotonic(), time.perf_counter()
             for f in batch:
                 self.seen[f.stream_id].frames.append((f.index, f.pts, f.width, f.height, now))
+                self.seen[f.stream_id].latency_s.append(done - f.t_arrival)
 
     def wait_frames(self, stream_id: str, count: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -262,8 +310,8 @@ class Pipeline:
 def pipeline():
     pipes: list[Pipeline] = []
 
-    def make(capacity: int = 4) -> Pipeline:
-        p = Pipeline(capacity)
+    def make(capacity: int = 4, work_s: float = 0.0) -> Pipeline:
+        p = Pipeline(capacity, work_s)
         pipes.append(p)
         return p
 

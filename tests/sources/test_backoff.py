@@ -24,12 +24,16 @@ def test_jitter_stays_within_its_band_and_under_the_cap() -> None:
     assert len(set(delays)) > 10  # streams that failed together do not retry in lockstep
 
 
-def test_success_resets_and_attempts_give_up() -> None:
+def test_success_resets_and_attempts_count_reopens_after_the_failure() -> None:
+    """reconnect_attempts N: the failure that ends a session is followed by N reopen attempts."""
     b = Backoff(1.0, 8.0, attempts=3, jitter=0.0)
-    assert [b.failure(), b.failure()] == [1.0, 2.0]
+    assert [b.failure(), b.failure()] == [1.0, 2.0]  # the failure, then reopen 1 failed
     b.success()
-    assert b.failures == 0 and b.failure() == 1.0
-    assert b.failure() == 2.0 and b.failure() is None and b.exhausted
+    assert b.failures == 0 and b.failure() == 1.0  # a new failure: up to 3 reopens again
+    assert [b.failure(), b.failure()] == [2.0, 4.0] and b.reopens == 2 and not b.exhausted
+    assert b.failure() is None and b.exhausted and b.reopens == 3  # reopen 3 failed: give up
+    one = Backoff(1.0, 8.0, attempts=1, jitter=0.0)
+    assert one.failure() == 1.0 and one.failure() is None  # exactly one reopen attempt
     forever = Backoff(1.0, 2.0, attempts=0)
     assert all(forever.failure() is not None for _ in range(1000)) and not forever.exhausted
 
@@ -49,8 +53,8 @@ def test_stall_watch() -> None:
     now[0] = 101.5
     w.packet()
     now[0] = 102.5
-    assert w.stalled() == "no decoded frame for 2.5 s"  # packets flow, nothing decodes
+    assert w.stalled() == "no decoded frame for 2.5 s (stall_timeout_s 2 s)"  # packets flow, nothing decodes
     w.frame()
     assert w.stalled() is None
     now[0] = 104.0
-    assert w.stalled() == "no packet for 2.5 s"
+    assert w.stalled() == "no packet for 2.5 s (stall_timeout_s 2 s)"

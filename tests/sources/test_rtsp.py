@@ -135,8 +135,10 @@ def test_refused_port_gives_up_after_the_configured_attempts(pipeline, backend: 
     pipe.start()
     assert worker.join(timeout=10)
     took = time.monotonic() - t0
-    assert worker.stats.state == "failed" and worker.stats.read_errors == 3, worker.stats
-    assert took < 0.1 + 0.2 + 2.0, f"3 refused attempts took {took:.1f} s"
+    # reconnect_attempts 3: the failed first open, then 3 reopen attempts
+    assert worker.stats.state == "failed" and worker.stats.read_errors == 4, worker.stats
+    assert worker.stats.opens == 4
+    assert took < 0.1 + 0.2 + 0.4 + 2.0, f"4 refused attempts took {took:.1f} s"
     assert pipe.seen["cam"].frames == []
 
 

@@ -1,0 +1,73 @@
+"""The status page: plain HTML and a few lines of JS, no build step, no CDN (the box may be offline).
+
+It polls ``/api/status`` every second for the table and reloads each stream's snapshot every two seconds
+(the server encodes at most a few JPEGs per stream per second, however many pages are open)."""
+
+STATUS_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>streamd</title>
+<style>
+  body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
+  table { border-collapse: collapse; margin-bottom: 1.5em; }
+  th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
+  th:first-child, td:first-child, td.state { text-align: left; }
+  .running { color: #080; } .reconnecting { color: #b60; }
+  .stalled, .failed { color: #c00; font-weight: bold; }
+  .frames { display: flex; flex-wrap: wrap; gap: 12px; }
+  figure { margin: 0; } figcaption { font-weight: bold; } img { max-width: 480px; border: 1px solid #ccc; }
+</style>
+</head>
+<body>
+<h1>streamd</h1>
+<p id="summary">loading…</p>
+<table id="streams">
+  <thead><tr><th>stream</th><th>state</th><th>fps</th><th>decoded</th><th>dropped</th>
+  <th>latency ms</th><th>reconnects</th><th>worker</th></tr></thead>
+  <tbody></tbody>
+</table>
+<div class="frames" id="frames"></div>
+<script>
+"use strict";
+function cell(row, text, cls) {
+  const td = row.insertCell(); td.textContent = text === null || text === undefined ? "–" : text;
+  if (cls) td.className = cls;
+}
+async function refresh() {
+  try {
+    const s = await (await fetch("/api/status", {cache: "no-store"})).json();
+    document.getElementById("summary").textContent =
+      s.results + " frames, up " + s.uptime_s + " s" + (s.stalled ? " — PIPELINE STALLED" : "");
+    const body = document.querySelector("#streams tbody");
+    body.replaceChildren();
+    const frames = document.getElementById("frames");
+    for (const r of s.streams) {
+      const row = body.insertRow(); row.id = "stream-" + r.id;
+      const state = r.stalled ? "stalled" : r.state;
+      cell(row, r.id); cell(row, state, "state " + state); cell(row, r.fps); cell(row, r.decoded);
+      cell(row, r.dropped); cell(row, r.latency_ms); cell(row, r.reconnects); cell(row, r.worker);
+      if (!document.getElementById("frame-" + r.id)) {
+        const fig = document.createElement("figure");
+        const img = document.createElement("img");
+        img.id = "frame-" + r.id; img.alt = "latest frame of " + r.id; img.dataset.stream = r.id;
+        const cap = document.createElement("figcaption"); cap.textContent = r.id;
+        fig.append(cap, img); frames.append(fig);
+      }
+    }
+  } catch (e) {
+    document.getElementById("summary").textContent = "streamd is not answering (" + e + ")";
+  }
+}
+function reloadFrames() {
+  for (const img of document.querySelectorAll("#frames img")) {
+    img.src = "/streams/" + encodeURIComponent(img.dataset.stream) + "/snapshot.jpg?t=" + Date.now();
+  }
+}
+refresh().then(reloadFrames);
+setInterval(refresh, 1000);
+setInterval(reloadFrames, 2000);
+</script>
+</body>
+</html>
+"""
