@@ -84,9 +84,15 @@ def test_status_page_lists_the_demo_stream_and_shows_its_boxes(tmp_path, assets,
         assert wait_for(frames_flowing, 120), "results before the page is opened"
         browser.get(f"{base}/")
         assert browser.title == "streamd"
-        row = wait_for(lambda: browser.find_elements("id", "stream-demo"), 15)
-        assert row, browser.page_source[-2000:]
-        cells = [td.text for td in row[0].find_elements("tag name", "td")]
+
+        def row_cells() -> list[str]:  # the page re-renders its table: read the row in one script call
+            return browser.execute_script(
+                "const r = document.getElementById('stream-demo');"
+                "return r ? Array.from(r.querySelectorAll('td')).map(td => td.textContent) : [];"
+            )
+
+        cells = wait_for(row_cells, 15)
+        assert cells, browser.page_source[-2000:]
         assert cells[0] == "demo" and cells[1] == "running", cells
         found = wait_for(lambda: browser.execute_script(COUNT_BOX_PIXELS, "demo"), 20)
         print(f"row {cells}; snapshot {found[0]}x{found[1]} with {found[2]} box pixels" if found else "none")
