@@ -88,7 +88,8 @@ class _Worker:
     error: tuple[int, str] | None = None  # a start-up failure the worker reported
     stats: dict[str, Any] = field(default_factory=dict)
     base: dict[str, dict[str, int]] = field(default_factory=dict)  # counters of earlier incarnations
-    results: int = 0
+    lines: int = 0  # lines received from every incarnation (progress)
+    base_results: int = 0  # frames inferred by earlier incarnations
     restarts: int = 0
     crashes_in_a_row: int = 0
     started_at: float = 0.0
@@ -301,7 +302,7 @@ class Supervisor:
                         if prev is None or rec.frame >= prev.index:
                             pts = rec.pts if rec.pts is not None or prev is None else prev.pts
                             self._resume[rec.stream_id] = Resume(rec.frame + 1, pts, rec.wall_time)
-                    w.results += len(records)
+                    w.lines += len(records)
                     self.last_result_at = time.perf_counter()
             elif kind == "stats":
                 w.stats = message[1]
@@ -387,6 +388,7 @@ class Supervisor:
             base = w.base.setdefault(sid, dict.fromkeys(COUNTERS, 0))
             for key in COUNTERS:
                 base[key] += int(s.get(key, 0))
+        w.base_results += int(w.stats.get("results", 0))
         w.stats = {}
         if w.conn is not None:
             w.conn.close()
@@ -433,7 +435,7 @@ class Supervisor:
                     s.setdefault("state", "starting")
                 s["worker"] = w.index
                 per_stream[sid] = s
-        results = sum(w.results for w in self.workers)
+        results = sum(w.base_results + w.stats.get("results", 0) for w in self.workers)
         return {
             "elapsed_s": elapsed,
             "results": results,
@@ -448,7 +450,7 @@ class Supervisor:
                     "pid": w.process.pid if w.process is not None else None,
                     "alive": w.alive,
                     "restarts": w.restarts,
-                    "results": w.results,
+                    "lines": w.lines,
                     "streams": list(w.stream_ids),
                     "rss_bytes": _rss_bytes(w.process.pid) if w.alive else 0,
                 }
@@ -479,8 +481,8 @@ class Supervisor:
         """Four times a second on the main thread: progress, systemd watchdog and status, the status line."""
         now = time.monotonic()
         for w in self.workers:
-            if w.results != w.last_results:
-                w.last_results, w.last_progress = w.results, now
+            if w.lines != w.last_results:
+                w.last_results, w.last_progress = w.lines, now
         watchdog_due = self._watchdog_s and now - self._last_ping >= self._watchdog_s / 2
         if watchdog_due and self._announced and not self._stalled(now):
             systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
