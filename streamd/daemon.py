@@ -15,7 +15,7 @@ import threading
 import time
 from types import FrameType
 
-from streamd import systemd
+from streamd import logutil, systemd
 from streamd.analytics.stream import build_analytics
 from streamd.config import EX_CONFIG, Config
 from streamd.engines import EngineError, create_engine
@@ -237,6 +237,7 @@ class Daemon:
             if self.status_line:
                 self._print_status()
                 sys.stderr.write("\n")
+        logutil.flush_all()  # counts of repeated warnings still held back
         self._log_summary(sinks)
         failed = [w.cfg.id for w in self.workers if w.stats.state == "failed"]
         if failed:  # the others ran to the end; the exit status still says something was lost
