@@ -79,10 +79,10 @@ def xyah_to_xyxy(m: np.ndarray) -> np.ndarray:
 
 
 # The Kalman filter is ByteTrack's (state x, y, aspect, height and their velocities; noise relative to
-# the height). Its F, Q, H and R never couple two coordinates, and its initial covariance is diagonal, so the
-# 8 x 8 covariance stays four independent 2 x 2 blocks (position, velocity of one coordinate). We keep just those:
-# ``var`` (k, 3, 4) = P_pp, P_pv, P_vv per coordinate; every step is then a few elementwise numpy operations
-# over all tracks, with the same results as the 8 x 8 form.
+# the height). Its F, Q, H and R never couple two coordinates, and its initial covariance is diagonal, so
+# the 8 x 8 covariance stays four independent 2 x 2 blocks (position, velocity of one coordinate). We keep
+# just those: ``var`` (k, 3, 4) = P_pp, P_pv, P_vv per coordinate; every step is then a few elementwise
+# numpy operations over all tracks, with the same results as the 8 x 8 form.
 _POS_W = np.array([_W_POS, _W_POS, 0.0, _W_POS])  # std = weight * height, plus the constant below
 _POS_C = np.array([0.0, 0.0, 1e-2, 0.0])
 _VEL_W = np.array([_W_VEL, _W_VEL, 0.0, _W_VEL])
