@@ -63,6 +63,11 @@ class SinkSet:
     def __init__(self, sinks: Sequence[LineSink], on_all_gone: Callable[[], None] | None = None) -> None:
         self.sinks = list(sinks)
         self._on_all_gone = on_all_gone
+        seen: dict[str, int] = {}
+        for s in self.sinks:  # names label metrics: two files named out.jsonl in two folders stay apart
+            seen[s.name] = seen.get(s.name, 0) + 1
+            if seen[s.name] > 1:
+                s.name = f"{s.name}#{seen[s.name]}"
         for s in self.sinks:
             s.on_gone = self._one_gone
 

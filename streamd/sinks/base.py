@@ -4,8 +4,9 @@ The supervisor calls, in this order:
 
 - ``start()`` once: opens the target. A failure that can be seen now (a read-only file, a full disk, a
   missing password) raises ``StartupError`` (exit code ``EX_CANTCREAT`` or ``EX_CONFIG``).
-- ``submit(line, stream_id)`` per result line, from one thread. Never blocks: when the queue is full the line
-  is dropped and counted. Lines of one stream keep their order.
+- ``submit(line, stream_id)`` per result line; thread-safe (the supervisor has one reader thread per worker).
+  Never blocks: when the queue is full the line is dropped and counted. Lines of one stream keep their order
+  as long as one thread submits them.
 - ``reopen()`` on SIGHUP (after logrotate moved a file); a no-op for sinks without files.
 - ``close(timeout)`` once at the end: writes what is queued within ``timeout``; what is left is dropped.
 
@@ -47,6 +48,7 @@ class LineSink:
         self._dropped_full = 0  # counted by submit (queue full / broken) ...
         self._dropped_out = 0  # ... and by the writer thread (failed writes, left at close)
         self._logged: set[str] = set()
+        self._count_lock = threading.Lock()
         self._q: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()  # close() was called
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
@@ -59,14 +61,16 @@ class LineSink:
 
     def submit(self, line: str, stream_id: str) -> None:
         if self.skip_empty and EMPTY_MARK in line:
-            self.skipped += 1
+            with self._count_lock:
+                self.skipped += 1
             return
-        if self.broken is not None or self.gone:
-            self._dropped_full += 1
-            return
-        try:
-            self._q.put_nowait((stream_id, line))
-        except queue.Full:
+        if self.broken is None and not self.gone:
+            try:
+                self._q.put_nowait((stream_id, line))
+                return
+            except queue.Full:
+                pass
+        with self._count_lock:  # several submitting threads: no lost increments
             self._dropped_full += 1
 
     def reopen(self) -> None:
