@@ -140,14 +140,15 @@ class OpenCVDemuxer:
         cap = self._cap
         count = 0
         units = AccessUnits(self.info.codec)  # parameter sets that come alone go in front of the picture
+        silent_since = time.monotonic()
         while True:
             started = time.monotonic()
             if not cap.grab():
-                waited = time.monotonic() - started
-                if waited >= 0.95 * self._read_timeout_s:
+                now = time.monotonic()
+                if now - started >= 0.95 * self._read_timeout_s:
                     yield from units.flush()  # the last whole picture before the failure
                     raise SourceTimeout(
-                        f"read error: no packet for {waited:.1f} s "
+                        f"read error: no packet for {now - silent_since:.1f} s "
                         f"({self._read_timeout_key} {self._read_timeout_s:g} s)"
                     )
                 yield from units.flush()
@@ -156,6 +157,8 @@ class OpenCVDemuxer:
                         f"input ended after {count} of {self._frame_count} packets (truncated?)"
                     )
                 return
+            if time.monotonic() - started < 0.95 * self._read_timeout_s:
+                silent_since = started  # fresh data (a packet released by a timed-out read is not)
             ok, data = cap.retrieve()
             if not ok or data is None or not data.size:
                 continue
