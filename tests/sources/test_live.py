@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from streamd.sources import available_backends
 from tests.sources.conftest import CLIP, CLIP_HEVC, RtspServer, ffprobe_pts, live_config
 
 PERIOD = 0.04  # the camera clips are 25 fps
@@ -82,14 +83,15 @@ def test_three_server_kills_lose_only_what_was_not_sent(rtsp_available, camera_c
     assert reconnects >= 3 and state == "running"
 
 
+@pytest.mark.parametrize("backend", available_backends())
 @pytest.mark.parametrize(("clip", "codec"), [(CLIP, "h264"), (CLIP_HEVC, "h265")])
-def test_rtsp_pts_equal_ffprobe(rtsp_available, pipeline, clip, codec) -> None:
+def test_rtsp_pts_equal_ffprobe(rtsp_available, pipeline, clip, codec, backend) -> None:
     """Over RTSP the pts of every frame equal ffprobe's pts_time of the served file (frame 0 included)."""
     server = RtspServer(clip, codec)
     server.start()
     try:
         pipe = pipeline()
-        worker = pipe.add(live_config(server.url))
+        worker = pipe.add(live_config(server.url), demux=backend)
         pipe.start()
         assert pipe.wait_frames("cam", 25, timeout=15), worker.stats
     finally:
