@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from streamd import logutil
 from streamd.config import StreamConfig
 from streamd.decode import DecodedPicture, DecodeError, Decoder, close_later, create_decoder
 from streamd.pipeline.batcher import StreamQueue
@@ -47,6 +48,7 @@ from streamd.sources.file import Pacer
 from streamd.types import Frame
 
 log = logging.getLogger(__name__)
+logutil.install(log)  # repeated warnings of a stream: 3 per 10 s, then one line with the count (ops)
 
 DEFAULT_PERIOD_S = 0.04  # frame period assumed when the container states no frame rate
 

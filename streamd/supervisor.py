@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
-from streamd import systemd
+from streamd import logutil, systemd
 from streamd.config import Config
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.metrics import MetricsServer
@@ -255,6 +255,7 @@ class Supervisor:
     def _finish(self, code: int) -> int:
         if code != 0:
             return code
+        logutil.flush_all()
         self._log_summary()
         failed = [sid for sid, s in self.snapshot()["per_stream"].items() if s["state"] == "failed"]
         if failed:  # the others ran to the end; the exit status still says something was lost

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
+from streamd import logutil
 from streamd.analytics.stream import build_analytics
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
@@ -385,6 +386,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 pipeline.abort()
     finally:
         pipeline.close()
+        logutil.flush_all()  # counts of repeated warnings still held back
         channel.send(("stats", pipeline.stats()))
         channel.send(("done", pipeline.failed))
 

@@ -29,18 +29,21 @@ class ZoneEvents:
     def update(self, track_id: np.ndarray, class_id: np.ndarray, membership: np.ndarray) -> list[ZoneEvent]:
         """Tracked detections of one frame (track_id >= 0 rows only are read) -> enter/leave events."""
         events: list[ZoneEvent] = []
+        rows = np.flatnonzero(track_id >= 0)
+        if len(rows) == 0:
+            return events
+        ids = track_id[rows].tolist()
+        classes = class_id[rows].tolist()
+        now = membership[rows]
         empty = np.zeros(len(self.names), bool)
-        for i in np.flatnonzero(track_id >= 0):
-            tid = int(track_id[i])
-            now = membership[i]
-            before = self.inside.get(tid, empty)
-            self.classes[tid] = int(class_id[i])
-            if (now != before).any():
-                for k in np.flatnonzero(now & ~before):
-                    events.append(ZoneEvent("enter", self.names[k], tid, int(class_id[i])))
-                for k in np.flatnonzero(before & ~now):
-                    events.append(ZoneEvent("leave", self.names[k], tid, int(class_id[i])))
-            self.inside[tid] = now.copy()
+        before = np.array([self.inside.get(tid, empty) for tid in ids]).reshape(now.shape)
+        enter, leave = now & ~before, before & ~now
+        for i, k in zip(*np.nonzero(enter | leave), strict=True):  # only the changes
+            kind = "enter" if enter[i, k] else "leave"
+            events.append(ZoneEvent(kind, self.names[k], ids[i], classes[i]))
+        for i, tid in enumerate(ids):
+            self.inside[tid] = now[i]
+            self.classes[tid] = classes[i]
         self._count(events)
         return events
 

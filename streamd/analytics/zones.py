@@ -28,18 +28,24 @@ def anchor_points(xyxy: np.ndarray, anchor: str) -> np.ndarray:
     return np.stack([x, y], axis=1).astype(np.float64)
 
 
-def points_in_polygon(points: np.ndarray, polygon: np.ndarray) -> np.ndarray:
-    """(n, 2) points, (m, 2) polygon vertices -> (n,) bool, by the even-odd (crossing number) rule."""
+def polygon_edges(polygon: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per edge (each (1, m)): start x, start y, end y, and dx/dy (0 for horizontal edges)."""
+    ax, ay = polygon[:, 0][None], polygon[:, 1][None]
+    bx, by = np.roll(polygon[:, 0], -1)[None], np.roll(polygon[:, 1], -1)[None]
+    slope = np.where(by == ay, 0.0, (bx - ax) / np.where(by == ay, 1.0, by - ay))
+    return ax, ay, by, slope
+
+
+def points_in_polygon(points: np.ndarray, polygon: np.ndarray | tuple[np.ndarray, ...]) -> np.ndarray:
+    """(n, 2) points, (m, 2) polygon vertices (or their ``polygon_edges``) -> (n,) bool, by the even-odd
+    (crossing number) rule."""
     if len(points) == 0:
         return np.zeros(0, bool)
+    ax, ay, by, slope = polygon_edges(polygon) if isinstance(polygon, np.ndarray) else polygon
     px, py = points[:, 0:1], points[:, 1:2]  # (n, 1)
-    ax, ay = polygon[:, 0][None], polygon[:, 1][None]  # (1, m)
-    bx, by = np.roll(polygon[:, 0], -1)[None], np.roll(polygon[:, 1], -1)[None]
     straddles = (ay > py) != (by > py)  # edge crosses the horizontal line through the point
-    dy = np.where(by == ay, 1.0, by - ay)
-    x_cross = ax + (py - ay) * (bx - ax) / dy
-    crossings = straddles & (px < x_cross)
-    return (crossings.sum(axis=1) % 2) == 1
+    crossings = straddles & (px < ax + (py - ay) * slope)
+    return (np.count_nonzero(crossings, axis=1) % 2) == 1
 
 
 def _segments_cross(p1: np.ndarray, p2: np.ndarray, q1: np.ndarray, q2: np.ndarray) -> bool:
@@ -95,6 +101,7 @@ class ZoneSet:
     def __init__(self, zones: Sequence[object]) -> None:
         self.names = [z.name for z in zones]  # type: ignore[attr-defined]
         self.polygons = [np.asarray(z.polygon, np.float64) for z in zones]  # type: ignore[attr-defined]
+        self.edges = [polygon_edges(p) for p in self.polygons]
         self.anchors = [z.anchor for z in zones]  # type: ignore[attr-defined]
         self.classes = [
             None if z.classes is None else np.asarray(z.classes, np.int64)  # type: ignore[attr-defined]
@@ -117,9 +124,7 @@ class ZoneSet:
         if len(xyxy) == 0:
             return out
         points: dict[str, np.ndarray] = {}
-        for k, (poly, anchor, classes) in enumerate(
-            zip(self.polygons, self.anchors, self.classes, strict=True)
-        ):
+        for k, (poly, anchor, classes) in enumerate(zip(self.edges, self.anchors, self.classes, strict=True)):
             if anchor not in points:
                 points[anchor] = anchor_points(xyxy, anchor)
             inside = points_in_polygon(points[anchor], poly)

@@ -71,6 +71,7 @@ def find_sps(view: np.ndarray, codec: str) -> bytes | None:
 
 
 RECREATE_AFTER = 3  # Decode() failures in a row before the decoder is recreated
+NO_PTS = -(1 << 62)  # the timestamp NVDEC carries for a packet without pts (its picture gets pts None)
 
 
 def nvdec_available(device: int = 0) -> tuple[bool, str]:
@@ -500,8 +501,7 @@ class NvdecDecoder:
         pd = self._nvc.PacketData()
         pd.bsl_data = int(view.ctypes.data)
         pd.bsl = int(view.size)
-        if packet.pts is not None:
-            pd.pts = int(packet.pts)
+        pd.pts = NO_PTS if packet.pts is None else int(packet.pts)
         if self.latency == "low":  # one whole picture per packet: decode and display it now
             pd.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
         return before + self._run(pd)  # `view` stays referenced until Decode() has parsed it
@@ -598,7 +598,7 @@ class NvdecDecoder:
             return None
         get = getattr(frame, "getPTS", None)
         raw = get() if get is not None else getattr(frame, "timestamp", None)
-        return None if raw is None else float(raw) * self.info.time_base
+        return None if raw is None or int(raw) == NO_PTS else float(raw) * self.info.time_base
 
     def close(self) -> None:
         """Release the decoder, the free pooled buffers, the stream and the context (safe to call twice).

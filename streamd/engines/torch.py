@@ -64,11 +64,19 @@ def convert_model(model_path: Path, max_batch: int) -> tuple[Any, onnx_tools.Mod
         if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
             model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
             steps.append(onnx_tools.DYNAMIC_BATCH_RECIPE)
+    module, more = convert_onnx(model, model_path.name)
+    return module, io, (*steps, *more)
+
+
+def convert_onnx(model: Any, name: str = "model") -> tuple[Any, tuple[str, ...]]:
+    """Any ``onnx.ModelProto`` -> (fx.GraphModule on the CPU in FP32, steps): onnxslim, streamd's rewrites
+    of the ops onnx2torch translates wrongly (``torch_ops``), the build-time op check, onnx2torch."""
+    steps: list[str] = []
     model, recipe = onnx_tools.slim(model)
     if recipe:
         steps.append(recipe)
     else:
-        log.info("torch engine: onnxslim not installed; converting %s unsimplified", model_path.name)
+        log.info("torch engine: onnxslim not installed; converting %s unsimplified", name)
     try:
         onnx2torch = torch_ops.import_onnx2torch()
     except ImportError as exc:
@@ -78,13 +86,13 @@ def convert_model(model_path: Path, max_batch: int) -> tuple[Any, onnx_tools.Mod
     model, rewritten = torch_ops.rewrite_for_torch(model)
     if rewritten:
         steps.append(torch_ops.TORCH_REWRITE_RECIPE)
-        log.info("torch engine: %s: exact ONNX semantics for %s", model_path.name, ", ".join(rewritten))
+        log.info("torch engine: %s: exact ONNX semantics for %s", name, ", ".join(rewritten))
     torch_ops.check_convertible(model)
     try:
         module = onnx2torch.convert(model)
     except Exception as exc:  # NotImplementedError for unsupported ops, and others
-        raise EngineError(f"onnx2torch cannot convert {model_path}: {exc}") from exc
-    return module.eval(), io, tuple(steps)
+        raise EngineError(f"onnx2torch cannot convert {name}: {exc}") from exc
+    return module.eval(), tuple(steps)
 
 
 def _positions(node: Any, user: Any, module: Any) -> list[int]:

@@ -31,7 +31,7 @@ from streamd.engines.base import EngineError
 log = logging.getLogger(__name__)
 
 DOMAIN = "streamd"
-TORCH_REWRITE_RECIPE = "torch-rewrite-v1"  # bump when a rewrite changes results
+TORCH_REWRITE_RECIPE = "torch-rewrite-v2"  # bump when a rewrite changes results
 
 _COORD_MODES = (
     "half_pixel",
@@ -225,7 +225,7 @@ def _exact_resize_class() -> type:
             for axis, idx, w, fill in plan:
                 n_out, k = w.shape
                 g = x.index_select(axis, idx)
-                if k == 1:
+                if k == 1 and fill is None:
                     x = g
                 else:
                     g = g.unflatten(axis, (n_out, k))
@@ -301,6 +301,14 @@ def rewrite_for_torch(model: Any) -> tuple[Any, list[str]]:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     m = copy.deepcopy(model)
     counts: dict[str, int] = {}
+    shapes: dict[str, tuple[int | None, ...]] | None = None
+    for node in m.graph.node:
+        auto_pad = _attr(node, "auto_pad", "NOTSET")
+        if node.op_type in _AUTO_PAD_OPS and node.domain in ("", "ai.onnx") and auto_pad != "NOTSET":
+            if shapes is None:
+                shapes = _static_shapes(m)
+            _explicit_pads(node, auto_pad, shapes.get(node.input[0]), m)
+            counts[f"auto_pad {auto_pad}"] = counts.get(f"auto_pad {auto_pad}", 0) + 1
     for node in m.graph.node:
         if node.op_type != "Resize" or node.domain not in ("", "ai.onnx"):
             continue
@@ -314,12 +322,101 @@ def rewrite_for_torch(model: Any) -> tuple[Any, list[str]]:
         counts[kind] = counts.get(kind, 0) + 1
     if counts and not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.add(domain=DOMAIN, version=1)
-    return m, [f"Resize x{n} ({kind})" for kind, n in sorted(counts.items())]
+    return m, [
+        f"{kind} x{n}" if kind.startswith("auto_pad") else f"Resize x{n} ({kind})"
+        for kind, n in sorted(counts.items())
+    ]
+
+
+_AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool", "LpPool")
+
+
+def _static_shapes(model: Any) -> dict[str, tuple[int | None, ...]]:
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+    return shapes
+
+
+def _explicit_pads(node: Any, auto_pad: str, shape: tuple[int | None, ...] | None, model: Any) -> None:
+    """Replace ``auto_pad`` SAME_UPPER/SAME_LOWER/VALID (onnx2torch implements none of them for strided
+    ops) by the explicit ``pads`` the ONNX spec defines: total = max(0, (ceil(in / s) - 1)·s + (k - 1)·d + 1
+    - in), the odd pixel at the end (SAME_UPPER) or the beginning (SAME_LOWER)."""
+    from onnx import helper, numpy_helper
+
+    if auto_pad == "VALID":
+        spatial = len(_attr(node, "kernel_shape", []) or [])
+        if not spatial:
+            inits = {t.name: t for t in model.graph.initializer}
+            spatial = (
+                len(numpy_helper.to_array(inits[node.input[1]]).shape) - 2 if node.input[1] in inits else 0
+            )
+        pads = [0] * (2 * spatial)
+    else:
+        if shape is None or len(shape) < 3 or any(d is None for d in shape[2:]):
+            raise EngineError(
+                f"torch engine: node {node.name!r}: auto_pad {auto_pad} needs a static input shape "
+                f"(got {list(shape) if shape else 'unknown'}); re-export with explicit pads"
+            )
+        size = [int(d) for d in shape[2:] if d is not None]
+        kernel = list(_attr(node, "kernel_shape", []) or [])
+        if not kernel:  # Conv: from the weight's shape
+            inits = {t.name: t for t in model.graph.initializer}
+            if node.input[1] not in inits:
+                raise EngineError(f"torch engine: node {node.name!r}: auto_pad with a computed weight")
+            kernel = list(numpy_helper.to_array(inits[node.input[1]]).shape[2:])
+        n = len(size)
+        strides = list(_attr(node, "strides", None) or [1] * n)
+        dilations = list(_attr(node, "dilations", None) or [1] * n)
+        begin, end = [], []
+        for i in range(n):
+            out = -(-size[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - size[i])
+            small, big = total // 2, total - total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else big)
+            end.append(big if auto_pad == "SAME_UPPER" else small)
+        pads = begin + end
+    kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.append(helper.make_attribute("pads", pads))
 
 
 # op type -> reason: ops whose onnx2torch translation is known to differ from the ONNX spec in a way no
 # rewrite above fixes. Found by tests/engines/test_op_coverage.py.
 KNOWN_WRONG: dict[str, str] = {}
+
+
+def _gather_nd_problem(node: Any) -> str | None:
+    if _attr(node, "batch_dims", 0):
+        return "GatherND with batch_dims != 0 (onnx2torch implements batch_dims 0 only)"
+    return None
+
+
+def _pad_problem(node: Any) -> str | None:
+    mode = _attr(node, "mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        return f"Pad mode {mode!r}"
+    return None
+
+
+# op type -> check(node) -> reason or None: modes onnx2torch accepts at conversion but cannot run as specified
+MODE_CHECKS = {"GatherND": _gather_nd_problem, "Pad": _pad_problem}
+
+
+def torchvision_usable() -> bool:
+    """True when the real torchvision is imported (not streamd's stand-in or another stub)."""
+    tv = sys.modules.get("torchvision")
+    if tv is None:
+        try:
+            tv = importlib.import_module("torchvision")
+        except Exception:  # broken beside this torch
+            return False
+    return bool(getattr(tv, "__file__", None)) and not getattr(tv, "__streamd_standin__", False)
 
 
 def check_convertible(model: Any) -> None:
@@ -328,13 +425,15 @@ def check_convertible(model: Any) -> None:
     from onnx2torch.node_converters.registry import get_converter
 
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    standin = getattr(sys.modules.get("torchvision"), "__streamd_standin__", False)
+    standin = not torchvision_usable()
     problems: dict[str, list[str]] = {}
     for node in model.graph.node:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         reason = KNOWN_WRONG.get(node.op_type) if domain in ("", "ai.onnx") else None
         if reason is None and standin and node.op_type in ("NonMaxSuppression", "RoiAlign"):
             reason = f"{node.op_type} needs torchvision, which does not load beside this torch"
+        if reason is None and domain == "" and node.op_type in MODE_CHECKS:
+            reason = MODE_CHECKS[node.op_type](node)
         if reason is None:
             try:
                 get_converter(operation_type=node.op_type, version=opsets.get(domain, 1), domain=domain)

@@ -53,7 +53,12 @@ def build_sink(cfg: SinkConfig) -> LineSink:
 
 
 def build_sinks(configs: Iterable[SinkConfig]) -> list[LineSink]:
-    return [build_sink(c) for c in configs]
+    sinks = []
+    for c in configs:
+        sink = build_sink(c)
+        sink.config = c
+        sinks.append(sink)
+    return sinks
 
 
 class SinkSet:
@@ -62,9 +67,18 @@ class SinkSet:
 
     def __init__(self, sinks: Sequence[LineSink], on_all_gone: Callable[[], None] | None = None) -> None:
         self.sinks = list(sinks)
+        self.retired: list[LineSink] = []  # closed by a reload; their losses still count
         self._on_all_gone = on_all_gone
+        self._unique_names()
         for s in self.sinks:
             s.on_gone = self._one_gone
+
+    def _unique_names(self) -> None:
+        seen: dict[str, int] = {}
+        for s in self.sinks:  # names label metrics: two files named out.jsonl in two folders stay apart
+            base = s.name.split("#", 1)[0]
+            seen[base] = seen.get(base, 0) + 1
+            s.name = base if seen[base] == 1 else f"{base}#{seen[base]}"
 
     @classmethod
     def from_config(
@@ -72,12 +86,12 @@ class SinkSet:
     ) -> SinkSet:
         return cls(build_sinks(configs), on_all_gone)
 
-    def start(self) -> None:
+    def start(self, hold: bool = False) -> None:
         """Open every sink; on a StartupError the ones already started are closed again."""
         started: list[LineSink] = []
         try:
             for s in self.sinks:
-                s.start()
+                s.start(hold)
                 started.append(s)
         except BaseException:
             for s in reversed(started):
@@ -85,8 +99,37 @@ class SinkSet:
             raise
 
     def submit(self, line: str, stream_id: str) -> None:
-        for s in self.sinks:
+        for s in self.sinks:  # one read of the list: a reconfigure swaps it whole
             s.submit(line, stream_id)
+
+    def reconfigure(self, configs: Iterable[SinkConfig], timeout: float = 10.0) -> tuple[int, int]:
+        """Reload: sinks whose config is unchanged keep running (no gap). New ones are opened first (a
+        StartupError leaves the running set as it was) and queue lines from the swap on; the replaced ones
+        drain and close, then the new ones start writing (so a file that changed only its options keeps its
+        order). Losses of closed sinks stay in ``retired`` for the exit status. Returns (started, closed)."""
+        wanted = list(configs)
+        pool = list(self.sinks)
+        plan: list[LineSink | SinkConfig] = []  # per wanted item: the running sink to keep, or its config
+        for c in wanted:
+            match = next((s for s in pool if s.config == c), None)
+            if match is not None:
+                pool.remove(match)
+            plan.append(match if match is not None else c)
+        fresh = SinkSet(build_sinks(c for c in plan if not isinstance(c, LineSink)))
+        fresh.start(hold=True)  # raises StartupError before anything changed
+        started = iter(fresh.sinks)
+        new = [p if isinstance(p, LineSink) else next(started) for p in plan]
+        for sink in new:
+            sink.on_gone = self._one_gone
+        old, self.sinks = self.sinks, new
+        self._unique_names()
+        closed = [s for s in old if s not in new]
+        for s in closed:
+            s.close(timeout)
+        for s in fresh.sinks:
+            s.release()
+        self.retired.extend(closed)
+        return len(fresh.sinks), len(closed)
 
     def reopen(self) -> None:
         for s in self.sinks:
@@ -107,11 +150,11 @@ class SinkSet:
     @property
     def lost(self) -> int:
         """Lines lost that should make the exit status non-zero (sinks with drops_ok excluded)."""
-        return sum(s.lost for s in self.sinks)
+        return sum(s.lost for s in [*self.sinks, *self.retired])
 
     @property
     def dropped(self) -> int:
-        return sum(s.dropped for s in self.sinks)
+        return sum(s.dropped for s in [*self.sinks, *self.retired])
 
     def stats(self) -> dict[str, dict]:
         """Per sink name: written, dropped, skipped, queued (queue depth), broken, gone, ..."""
@@ -121,7 +164,8 @@ class SinkSet:
         """One line naming what was lost, or None when nothing counts against the exit status."""
         if not self.lost:
             return None
-        parts = [f"{s.name}: {s.lost}" + (f" ({s.broken})" if s.broken else "") for s in self.sinks if s.lost]
+        every = [*self.sinks, *self.retired]
+        parts = [f"{s.name}: {s.lost}" + (f" ({s.broken})" if s.broken else "") for s in every if s.lost]
         return (
             f"output lost: {self.lost} line(s) dropped by sink(s) ({'; '.join(parts)}); "
             "set drops_ok: true on a sink whose drops are acceptable"

@@ -4,8 +4,9 @@ The supervisor calls, in this order:
 
 - ``start()`` once: opens the target. A failure that can be seen now (a read-only file, a full disk, a
   missing password) raises ``StartupError`` (exit code ``EX_CANTCREAT`` or ``EX_CONFIG``).
-- ``submit(line, stream_id)`` per result line, from one thread. Never blocks: when the queue is full the line
-  is dropped and counted. Lines of one stream keep their order.
+- ``submit(line, stream_id)`` per result line; thread-safe (the supervisor has one reader thread per worker).
+  Never blocks: when the queue is full the line is dropped and counted. Lines of one stream keep their order
+  as long as one thread submits them.
 - ``reopen()`` on SIGHUP (after logrotate moved a file); a no-op for sinks without files.
 - ``close(timeout)`` once at the end: writes what is queued within ``timeout``; what is left is dropped.
 
@@ -44,29 +45,42 @@ class LineSink:
         self.broken: str | None = None  # why the target failed for good
         self.gone = False  # the reader went away (stdout closed): stop like a Unix tool
         self.on_gone: Callable[[], None] | None = None
+        self.config: object = None  # the sinks: item it was built from (reload compares them)
         self._dropped_full = 0  # counted by submit (queue full / broken) ...
         self._dropped_out = 0  # ... and by the writer thread (failed writes, left at close)
         self._logged: set[str] = set()
+        self._count_lock = threading.Lock()
         self._q: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()  # close() was called
+        self._go = threading.Event()  # cleared while held (start(hold=True))
+        self._go.set()
         self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
 
     # -- the contract --------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, hold: bool = False) -> None:
+        """Open the target and start the writer; ``hold``: lines queue up but are written only after
+        ``release()`` (a reload lets the sink it replaces finish first)."""
+        if hold:
+            self._go.clear()
         self._open()
         self._thread.start()
 
+    def release(self) -> None:
+        self._go.set()
+
     def submit(self, line: str, stream_id: str) -> None:
         if self.skip_empty and EMPTY_MARK in line:
-            self.skipped += 1
+            with self._count_lock:
+                self.skipped += 1
             return
-        if self.broken is not None or self.gone:
-            self._dropped_full += 1
-            return
-        try:
-            self._q.put_nowait((stream_id, line))
-        except queue.Full:
+        if self.broken is None and not self.gone:
+            try:
+                self._q.put_nowait((stream_id, line))
+                return
+            except queue.Full:
+                pass
+        with self._count_lock:  # several submitting threads: no lost increments
             self._dropped_full += 1
 
     def reopen(self) -> None:
@@ -75,6 +89,7 @@ class LineSink:
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, flush and close; gives up after ``timeout`` seconds (counted as dropped)."""
         self._stop.set()
+        self._go.set()
         if not self._thread.is_alive():
             self._dropped_out += self._drain_uncounted()
             return
@@ -156,6 +171,7 @@ class LineSink:
             log.log(level, "sink %s: " + msg, self.name, *args)
 
     def _run(self) -> None:
+        self._go.wait()
         try:
             self._serve()
         except Exception as exc:  # a bug in a sink must not take the daemon down with it

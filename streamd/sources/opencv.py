@@ -4,8 +4,11 @@
 then ``set(CAP_PROP_FORMAT, -1)``: ``grab()`` reads one packet (no decoding; FFmpeg's interrupt callback
 bounds it by the read timeout) and ``retrieve()`` returns it. OpenCV applies ``h264_mp4toannexb`` /
 ``hevc_mp4toannexb`` to MP4/MKV input itself, so packets are always Annex-B; the extradata (``avcC`` /
-``hvcC`` for MP4) is converted to Annex-B parameter sets here. Timestamps come from ``CAP_PROP_POS_MSEC``
-(the packet's pts relative to the stream start, in ms), so ``VideoInfo.time_base`` is 1 µs.
+``hvcC`` for MP4) is converted to Annex-B parameter sets here. Timestamps: ``CAP_PROP_POS_MSEC`` is the
+packet's pts *minus the stream's start time* in ms and ``CAP_PROP_PTS`` the pts in whole frames without that
+subtraction; :class:`_SourceTime` puts the start time back (the first packets until it is known wait), so a
+packet's pts is the source's own, as with PyAV (``VideoInfo.time_base`` is 1 µs). A packet without pts (the
+first one of an RTSP session) reads as 0 in both; it gets None.
 
 OpenCV takes FFmpeg demuxer options (RTSP transport, probe size) only from the process environment variable
 ``OPENCV_FFMPEG_CAPTURE_OPTIONS``, read while a capture opens. :func:`_capture_options` serialises opens that
@@ -20,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import cv2
 import numpy as np
@@ -72,6 +76,40 @@ def _capture_options(value: str, timeout_s: float) -> Iterator[None]:
         with _env_cond:
             _env_users -= 1
             _env_cond.notify_all()
+
+
+class _SourceTime:
+    """Turns OpenCV's (``CAP_PROP_POS_MSEC``, ``CAP_PROP_PTS``) of each packet into the source's pts (µs)."""
+
+    def __init__(self, fps: float | None) -> None:
+        self.fps = fps
+        self.start_ms: float | None = None if fps else 0.0  # the stream's start time
+        self._waiting: list[tuple[float, float, Any]] = []
+
+    def push(self, pos_ms: float, frames: float, item: Any) -> list[tuple[Any, int | None]]:
+        """(item, pts in µs or None) for the packets whose pts is known now."""
+        if self.start_ms is None:
+            if frames <= 0 or not self.fps:
+                self._waiting.append((pos_ms, frames, item))
+                return []
+            self.start_ms = round(frames / self.fps * 1000.0 - pos_ms, 3)
+        out = [(it, self._pts(p, f)) for p, f, it in self._waiting]
+        self._waiting.clear()
+        out.append((item, self._pts(pos_ms, frames)))
+        return out
+
+    def flush(self) -> list[tuple[Any, int | None]]:
+        if self.start_ms is None:
+            self.start_ms = 0.0
+        out = [(it, self._pts(p, f)) for p, f, it in self._waiting]
+        self._waiting.clear()
+        return out
+
+    def _pts(self, pos_ms: float, frames: float) -> int | None:
+        start = self.start_ms or 0.0
+        if pos_ms == 0 and frames == 0 and self.fps and abs(start) * self.fps > 500:
+            return None  # both read 0 although the stream starts later: this packet had no pts
+        return round((pos_ms + start) * 1000.0)
 
 
 class OpenCVDemuxer:
@@ -140,29 +178,41 @@ class OpenCVDemuxer:
         cap = self._cap
         count = 0
         units = AccessUnits(self.info.codec)  # parameter sets that come alone go in front of the picture
+        clock = _SourceTime(self.info.fps)
+        silent_since = time.monotonic()
         while True:
             started = time.monotonic()
             if not cap.grab():
-                waited = time.monotonic() - started
-                if waited >= 0.95 * self._read_timeout_s:
+                now = time.monotonic()
+                if now - started >= 0.95 * self._read_timeout_s:
+                    yield from self._units(units, clock.flush())
                     yield from units.flush()  # the last whole picture before the failure
                     raise SourceTimeout(
-                        f"read error: no packet for {waited:.1f} s "
+                        f"read error: no packet for {now - silent_since:.1f} s "
                         f"({self._read_timeout_key} {self._read_timeout_s:g} s)"
                     )
+                yield from self._units(units, clock.flush())
                 yield from units.flush()
                 if 0 < count < self._frame_count and not self._url.lower().startswith(("rtsp:", "rtsps:")):
                     raise SourceError(
                         f"input ended after {count} of {self._frame_count} packets (truncated?)"
                     )
                 return
+            if time.monotonic() - started < 0.95 * self._read_timeout_s:
+                silent_since = started  # fresh data (a packet released by a timed-out read is not)
             ok, data = cap.retrieve()
             if not ok or data is None or not data.size:
                 continue
             count += 1
-            pts_ms = cap.get(cv2.CAP_PROP_POS_MSEC)
             key = cap.get(cv2.CAP_PROP_LRF_HAS_KEY_FRAME) > 0
-            yield from units.push(np.ascontiguousarray(data.reshape(-1)), round(pts_ms * 1000.0), key, None)
+            item = (np.ascontiguousarray(data.reshape(-1)), key)
+            timed = clock.push(cap.get(cv2.CAP_PROP_POS_MSEC), cap.get(cv2.CAP_PROP_PTS), item)
+            yield from self._units(units, timed)
+
+    @staticmethod
+    def _units(units: AccessUnits, timed: list[tuple[Any, int | None]]) -> Iterator[Packet]:
+        for (view, key), pts in timed:
+            yield from units.push(view, pts, key, None)
 
     def close(self) -> None:
         cap, self._cap = getattr(self, "_cap", None), None  # type: ignore[assignment]

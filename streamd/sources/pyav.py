@@ -31,7 +31,13 @@ _FULL_RANGE = 2  # AVColorRange: AVCOL_RANGE_JPEG
 
 
 def _error(
-    what: str, exc: BaseException, url: str, started: float, timeout_s: float, key: str
+    what: str,
+    exc: BaseException,
+    url: str,
+    started: float,
+    timeout_s: float,
+    key: str,
+    silent_since: float | None = None,
 ) -> SourceError:
     """A SourceError (SourceTimeout when the call ran into its timeout) with credentials scrubbed.
 
@@ -40,8 +46,9 @@ def _error(
     twice the read timeout, and the message says so instead of claiming the configured value.
     """
     text = scrub(f"{what}: {type(exc).__name__}: {exc}", url)
-    waited = time.monotonic() - started
-    if isinstance(exc, (av.ExitError, av.error.TimeoutError)) or waited >= 0.95 * timeout_s:
+    now = time.monotonic()
+    if isinstance(exc, (av.ExitError, av.error.TimeoutError)) or now - started >= 0.95 * timeout_s:
+        waited = now - (started if silent_since is None else silent_since)
         return SourceTimeout(f"{text} (no answer for {waited:.1f} s; {key} {timeout_s:g} s)")
     return SourceError(text)
 
@@ -99,12 +106,15 @@ class PyAVDemuxer:
 
     def packets(self) -> Iterator[Packet]:
         """Video packets in decode order until the input ends; a read error or timeout raises SourceError."""
-        started = time.monotonic()
+        started = silent_since = time.monotonic()
         count = 0
         try:
             for pkt in self._container.demux(self.stream):
                 if not pkt.size:  # the empty packet that only signals the end
                     continue
+                if time.monotonic() - started < 0.95 * self._read_timeout_s:
+                    silent_since = started  # fresh data; a packet that took the whole timeout is one that
+                    # FFmpeg's RTSP client released from its reorder buffer when the read timed out
                 count += 1
                 for out in self._bsf.filter(pkt) if self._bsf is not None else (pkt,):
                     if self._units is None:
@@ -114,9 +124,8 @@ class PyAVDemuxer:
                         yield from self._units.push(view, out.pts, bool(out.is_keyframe), out)
                 started = time.monotonic()
         except (av.FFmpegError, OSError) as exc:
-            error = _error(
-                "read error", exc, self._url, started, self._read_timeout_s, self._read_timeout_key
-            )
+            timeout_s, key = self._read_timeout_s, self._read_timeout_key
+            error = _error("read error", exc, self._url, started, timeout_s, key, silent_since)
             if self._units is not None:
                 yield from self._units.flush()  # the last whole picture before the failure
             raise error from None

@@ -291,3 +291,9 @@ def test_docs_describe_every_analytics_key():
             assert f"`{f.name}`" in docs, f"docs/config.md does not describe {cls.__name__}.{f.name}"
     for key in ("detect_fps", "classes", "class_thresholds", "zones", "zones_only", "tracking"):
         assert f"`{key}`" in docs
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("analytics-*.yaml")), ids=lambda p: p.name)
+def test_example_analytics_configs_load(path: Path):
+    config = load_config(path)
+    assert config.streams

@@ -174,3 +174,14 @@ def test_ingest_hook_skips_counts_and_releases_surfaces(tmp_path):
     assert worker.stats.skipped == 3 and worker.stats.decoded == 6
     assert [len(s.released) for s in surfaces] == [0, 1, 0, 1, 0, 1]  # skipped: back to the pool at once
     assert lines == []  # held until the results of frames 0, 2, 4 are written
+
+
+def test_zone_outside_the_frame_is_reported_once(tmp_path, caplog):
+    zone = {"name": "far", "polygon": [[0, 0], [1000, 0], [1000, 500], [0, 500]]}
+    cfg = config(tmp_path, zones=[zone])
+    a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
+    with caplog.at_level("ERROR", logger="streamd.analytics"):
+        for t in range(3):
+            parse(a.on_result(result(t, [person(t)])))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "far" in errors[0] and "768x576" in errors[0], errors

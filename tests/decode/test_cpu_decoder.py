@@ -383,3 +383,32 @@ def test_nvdec_refuses_what_it_cannot_decode() -> None:
         NvdecDecoder(VideoInfo("h264", 64, 48, None, 0.1), gpu=FakeGpu(), nvc=FakeNvc())
     with pytest.raises(DecodeError, match="not available"):
         NvdecDecoder(INFO)  # no PyNvVideoCodec / GPU on this machine
+
+
+def test_low_delay_cpu_decoding_gives_each_picture_from_its_own_packet(tmp_path) -> None:
+    """A live camera without B-frames: with low_delay (no frame threading) every packet's picture comes out
+    of the decode() call of that packet; frame threading holds pictures back."""
+    from tests.sources.conftest import make_camera_clip
+
+    clip = make_camera_clip(tmp_path / "ipp.mp4", 20, 25, bframes=0)
+    dmx = demuxer_class("pyav")(str(clip))
+    packets = list(dmx.packets())
+    dmx.close()
+    live = CpuDecoder(dmx.info, low_delay=True)
+    assert [len(live.decode(p)) for p in packets] == [1] * 20 and live.flush() == []
+    batch = CpuDecoder(dmx.info, threads=4)
+    held = [len(batch.decode(p)) for p in packets]
+    assert held[0] == 0 and sum(held) + len(batch.flush()) == 20  # throughput mode: delayed, none lost
+
+
+def test_cpu_decoder_goes_on_after_a_flush() -> None:
+    """The decoder of a looping file / reconnecting camera is flushed and kept: the next pass decodes."""
+    dmx = demuxer_class("pyav")(str(CLIP_HEVC))
+    packets = list(dmx.packets())[:12]
+    dmx.close()
+    dec = CpuDecoder(dmx.info)
+    first = [p for pkt in packets for p in dec.decode(pkt)] + dec.flush()
+    assert dec.restart(dmx.info)
+    again = [p for pkt in packets for p in dec.decode(pkt)] + dec.flush()
+    assert len(first) == len(again) == 12
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(first, again, strict=True))

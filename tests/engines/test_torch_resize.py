@@ -50,7 +50,7 @@ def test_asymmetric_linear_resize_matches_onnxruntime(torch_ready, tmp_path, sca
     x = np.random.default_rng(0).standard_normal((1, 8, 13, 17)).astype(np.float32)
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got, steps = run_torch(path, x)
-    assert "torch-rewrite-v1" in steps
+    assert any(s.startswith("torch-rewrite") for s in steps)
     assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-5
 
 

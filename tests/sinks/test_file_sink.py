@@ -185,3 +185,10 @@ def test_closed_stdout_stops_like_a_unix_tool(tmp_path, assets) -> None:
     assert all(json.loads(line)["stream"] == "cam" for line in first)
     assert proc.returncode == 0, err[-2000:]
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_sink_names_stay_unique(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    sinks = SinkSet([JsonlFileSink(tmp_path / "a" / "o.jsonl"), JsonlFileSink(tmp_path / "b" / "o.jsonl")])
+    assert list(sinks.stats()) == ["jsonl:o.jsonl", "jsonl:o.jsonl#2"]

@@ -13,7 +13,7 @@ from streamd.config.streams import StreamConfig
 from streamd.sources import SourceError, available_backends, demuxer_class, open_stream
 from streamd.sources.base import nal_types, to_annexb_extradata
 from streamd.sources.file import Pacer
-from tests.sources.conftest import CLIP, CLIP_HEVC
+from tests.sources.conftest import CLIP, CLIP_HEVC, ffprobe_pts
 
 BACKENDS = available_backends()
 
@@ -74,6 +74,18 @@ def test_whole_file_as_fast_as_possible(pipeline, backend) -> None:
     assert worker.stats.state == "ended" and worker.stats.decode_errors == worker.stats.read_errors == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("clip", [CLIP, CLIP_HEVC])
+def test_pts_equal_ffprobe_for_every_frame(pipeline, backend, clip) -> None:
+    """Acceptance (issue 12): a file's pts are ffprobe's pts_time, frame for frame."""
+    expected = ffprobe_pts(clip)
+    pipe = pipeline(capacity=8)
+    worker = pipe.add(StreamConfig(id="f", url=str(clip)), policy="block", demux=backend)
+    pipe.start()
+    assert worker.join(60) and pipe.wait_frames("f", len(expected), timeout=5)
+    assert [p for _, p, *_ in pipe.seen["f"].frames] == pytest.approx(expected, abs=1e-6)
+
+
 def test_loop_continues_indices_and_timestamps(pipeline) -> None:
     pipe = pipeline(capacity=2)
     worker = pipe.add(StreamConfig(id="f", url=str(CLIP_HEVC), loop=True), policy="block")
@@ -85,6 +97,8 @@ def test_loop_continues_indices_and_timestamps(pipeline) -> None:
     pts = [f[1] for f in frames]
     assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in itertools.pairwise(pts))
     assert worker.stats.state == "ended"
+    # issue 8: a loop pass flushes the decoder (every picture out) and keeps it, no new decoder per pass
+    assert worker.stats.opens >= 3 and worker.stats.decoders_created == 1
 
 
 def test_realtime_paces_at_the_native_rate(pipeline) -> None:
