@@ -130,6 +130,8 @@ class StreamWorker:
         self._time_base = 0.0
         self._held: tuple[DecodedPicture, float, float] | None = None  # first picture of a session, no pts
         self._arrivals: collections.deque[tuple[int | None, float]] = collections.deque(maxlen=64)
+        # One pacer for all passes of a paced file: the timeline continues, so does the schedule.
+        self._pacer = Pacer(stop) if cfg.realtime and not cfg.is_live else None
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
     def resume_at(self, index: int, pts: float | None, wall_time: float) -> None:
@@ -265,7 +267,7 @@ class StreamWorker:
         self._held = None
         self._arrivals.clear()
         watch = StallWatch(cfg.stall_timeout_s) if cfg.is_live else None
-        pacer = Pacer(self.stop) if cfg.realtime and not cfg.is_live else None
+        pacer = self._pacer
         reason = "the server closed the stream"
         try:
             for packet in demuxer.packets():
