@@ -220,6 +220,8 @@ class Supervisor:
                 and any(w.ready for w in self.workers)
             ):
                 self._announced = True
+                for w in self.workers:
+                    self._send(w, ("go",))
                 self.ready_at = time.perf_counter()
                 engine, decoder = self._info.get("engine", "?"), self._info.get("decoder", "?")
                 log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
@@ -269,7 +271,8 @@ class Supervisor:
     # -- workers ---------------------------------------------------------------------------------------------
     def _spawn(self, w: _Worker) -> None:
         resume = {sid: self._resume[sid] for sid in w.stream_ids if sid in self._resume}
-        spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume)
+        hold = not self._announced  # first start: streams begin together once every worker is built
+        spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume, hold)
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=worker_main, args=(spec, child), name=f"streamd-worker{w.index}")
         proc.daemon = True  # never outlive the supervisor

@@ -5,7 +5,8 @@ supervisor); ``worker_main`` runs it in a worker process and talks to the superv
 
     worker -> supervisor   ("ready", info) · ("lines", [Record, ...]) per batch · ("stats", dict) twice a
                            second · ("error", exit_code, message) when it cannot start · ("done", failed)
-    supervisor -> worker   ("stop",) drain and finish · ("abort",) finish now · ("snapshot", stream_id)
+    supervisor -> worker   ("go",) start the streams (first start: once every worker is built) · ("stop",)
+                           drain and finish · ("abort",) finish now · ("snapshot", stream_id)
 
 Records carry the stream's frame index, pts and wall time next to the finished line, so the supervisor can
 resume a restarted worker's streams where they stopped without parsing JSON. The worker never outlives its
@@ -72,6 +73,7 @@ class WorkerSpec:
     stream_ids: tuple[str, ...]
     device: int
     resume: dict[str, Resume] = field(default_factory=dict)
+    hold: bool = False  # after "ready", wait for ("go",): every worker's streams start together
 
 
 def build_stages(config: Config, device: int | None = None) -> Stages:
@@ -375,11 +377,20 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         log.debug("start-up failure", exc_info=True)
         channel.send(("error", EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
         return
-    threading.Thread(target=_commands, args=(conn, channel, pipeline), name="commands", daemon=True).start()
+    go = threading.Event()
+    if not spec.hold:
+        go.set()
+    commands = threading.Thread(target=_commands, args=(conn, channel, pipeline, go), name="commands")
+    commands.daemon = True
+    commands.start()
     try:
-        pipeline.start()
         engine = pipeline.stages.engine.name if pipeline.stages else "?"
         channel.send(("ready", {"pid": os.getpid(), "engine": engine, "decoder": pipeline.decoder}))
+        while not go.wait(0.25):  # the first start: streams begin when every worker is built
+            if pipeline.stop.is_set() or channel.closed:
+                break
+        if go.is_set() and not pipeline.stop.is_set():
+            pipeline.start()
         while not pipeline.join(timeout=0.5):
             channel.send(("stats", pipeline.stats()))
             if channel.closed:
@@ -391,7 +402,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         channel.send(("done", pipeline.failed))
 
 
-def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline) -> None:
+def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline, go: threading.Event) -> None:
     while True:
         try:
             message = conn.recv()
@@ -400,7 +411,9 @@ def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline) -> None:
             pipeline.abort()
             return
         kind = message[0]
-        if kind == "stop":
+        if kind == "go":
+            go.set()
+        elif kind == "stop":
             pipeline.stop.set()
         elif kind == "abort":
             pipeline.abort()
