@@ -103,6 +103,18 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+    from streamd.engines.verify import VerificationError, VerifyPlan, verify_engine
+
+    try:  # the start-up equivalence check, cached beside the plan: the daemon's start then skips it
+        try:
+            check = VerifyPlan.from_config(config)
+        except AttributeError:  # a partial config (tests, tools)
+            check = VerifyPlan()
+        verdict = verify_engine(engine, Path(model), precision=precision, plan=check, cache_dir=cache_dir)
+    except VerificationError as exc:
+        print(f"streamd build-engine: {exc}", file=sys.stderr)
+        engine.close()
+        return 1
     plan = engine.plan
     key = plan.key.fields
     print(plan.path)
@@ -113,5 +125,11 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
         f"output {engine.output_name} {list(engine.output_shape[1:])} {engine.output_dtype}",
         file=sys.stderr,
     )
+    if verdict is not None:
+        print(
+            f"  verified against ONNX Runtime CPU: {verdict.matched:.1%} of detections matched, "
+            f"{'cached verdict' if verdict.cached else f'check took {verdict.cost_ms:.0f} ms'}",
+            file=sys.stderr,
+        )
     engine.close()
     return 0

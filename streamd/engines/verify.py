@@ -317,6 +317,7 @@ def identity(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) ->
         "precision": precision,
         "steps": list(getattr(engine, "steps", ())),
         "engine_id": getattr(engine, "cache_identity", None),
+        "plan_key": _plan_digest(engine),
         "onnxruntime": onnxruntime.__version__,
         "plan": plan.key(),
         "frames": [(DATA_DIR / f).stat().st_size for f in FRAMES],
@@ -335,6 +336,15 @@ def identity(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) ->
         if getattr(device, "type", "cpu") == "cuda":
             fields["gpu"] = torch.cuda.get_device_name(device)
     return fields
+
+
+def _plan_digest(engine: Any) -> str | None:
+    """The cache key digest of a TensorRT engine's plan (None for engines without a cached plan)."""
+    key = getattr(getattr(engine, "plan", None), "key", None)
+    try:
+        return str(key.digest()) if key is not None else None
+    except Exception:  # a plan object of another shape
+        return None
 
 
 def verdict_path(engine: Any, model_path: Path, cache_dir: Path | str | None, digest: str) -> Path:

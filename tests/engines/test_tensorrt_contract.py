@@ -277,6 +277,9 @@ def test_create_engine_and_auto_choice(fake_trt, models, tmp_path, monkeypatch):
         "tensorrt", models["dynamic"], max_batch=2, precision="fp16", cache_dir=tmp_path, cuda_api=cuda
     )
     assert e.on_device and e.name.startswith("tensorrt-")
+    # the start-up check ran (fake TensorRT computes with ONNX Runtime) and its verdict sits beside the plan
+    assert e.verification["passed"] and not e.verification["cached"]
+    assert e.plan.path.with_name(e.plan.path.name + ".verify.json").exists()
     monkeypatch.setattr("streamd.engines.base._gpu_available", lambda: True)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "tensorrt" else None)
     assert choose_backend("auto") == "tensorrt"
@@ -293,6 +296,7 @@ def test_build_engine_command(fake_trt, models, tmp_path, capsys):
     assert run_build_engine(args, config) == 0
     first = capsys.readouterr()
     assert first.out.strip().endswith(".plan") and "built:" in first.err and "batch 1..2" in first.err
+    assert "verified against ONNX Runtime CPU" in first.err
     assert run_build_engine(args, config) == 0
     assert "found in cache" in capsys.readouterr().err
     assert run_build_engine(parser.parse_args(["build-engine", "--max-batch", "2", "--force"]), config) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -16,12 +17,14 @@ from tests.sinks._helpers import free_port
 class Broker:
     """mosquitto with persistence, so a subscriber's session and its queued messages survive a restart."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, listener: str = "allow_anonymous true\n") -> None:
         self.port = free_port()
         self.folder = folder
         self.conf = folder / "mosquitto.conf"
+        # mosquitto started as root drops to the user 'mosquitto', which cannot read pytest's folders: stay.
+        user = "user root\n" if os.geteuid() == 0 else ""
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+            f"{user}per_listener_settings true\nlistener {self.port} 127.0.0.1\n{listener}persistence true\n"
             f"persistence_location {folder}/\nmax_queued_messages 100000\nmax_inflight_messages 100\n"
             f"log_dest file {folder}/mosquitto.log\n"
         )

@@ -133,3 +133,65 @@ def test_password_is_required_to_exist_and_never_logged(tmp_path, broker, caplog
     sink.close(timeout=5)
     assert sink.written == 5
     assert "s3cret-pw" not in caplog.text
+
+
+def make_tls_files(folder) -> dict:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: cannot make a test certificate")
+    files = {
+        k: folder / f"{k}" for k in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt", "san")
+    }
+    files["san"].write_text("subjectAltName=IP:127.0.0.1\n")
+    for cmd in (
+        f"req -x509 -newkey rsa:2048 -nodes -keyout {files['ca.key']} -out {files['ca.crt']} -days 1 "
+        "-subj /CN=streamd-test-ca",
+        f"req -newkey rsa:2048 -nodes -keyout {files['server.key']} -out {files['server.csr']} "
+        "-subj /CN=127.0.0.1",
+        f"x509 -req -in {files['server.csr']} -CA {files['ca.crt']} -CAkey {files['ca.key']} -CAcreateserial "
+        f"-out {files['server.crt']} -days 1 -extfile {files['san']}",
+    ):
+        subprocess.run(["openssl", *cmd.split()], check=True, capture_output=True)
+    return files
+
+
+def test_tls_and_a_password_file(tmp_path, caplog) -> None:
+    import subprocess
+
+    from tests.sinks.conftest import Broker
+
+    tls = make_tls_files(tmp_path)
+    passwords = tmp_path / "passwd"
+    passwords.write_text("")
+    subprocess.run(["mosquitto_passwd", "-b", str(passwords), "cam", "pa55-word"], check=True)
+    broker = Broker(
+        tmp_path,
+        f"allow_anonymous false\npassword_file {passwords}\ncafile {tls['ca.crt']}\n"
+        f"certfile {tls['server.crt']}\nkeyfile {tls['server.key']}\n",
+    )
+    broker.start()
+    try:
+        secret = tmp_path / "mqtt-password"
+        secret.write_text("pa55-word\n")
+        cfg = MqttSinkConfig(
+            host="127.0.0.1",
+            port=broker.port,
+            tls=True,
+            ca_file=tls["ca.crt"],
+            username="cam",
+            password_file=secret,
+        )
+        caplog.set_level("DEBUG")
+        sink = MqttSink(cfg)
+        sink.start()
+        for line in fake_lines(20):
+            sink.submit(line, "door")
+        sink.close(timeout=10)
+        print(f"over TLS with a password: {sink.written}/20 acknowledged")
+        assert sink.written == 20 and sink.dropped == 0 and sink.connects == 1
+        assert "pa55-word" not in caplog.text
+    finally:
+        broker.stop()
