@@ -59,14 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, _stop_early) for s in (signal.SIGTERM, signal.SIGINT)}
-    from streamd.config import ConfigError  # after the handlers: the config package imports PyYAML
-
     try:
         args = _parser().parse_args(argv)
         return _main(args, args.command or "run")
-    except ConfigError as exc:
-        _print_problems(exc.problems)
-        return EX_CONFIG
     except StartupError as exc:
         print(f"streamd: {exc}", file=sys.stderr)
         return exc.code
@@ -92,6 +87,16 @@ def _print_problems(problems: list[str]) -> None:
 
 
 def _main(args: argparse.Namespace, command: str) -> int:
+    from streamd.config import ConfigError  # imported after the handlers are in place: it takes a while
+
+    try:
+        return _command(args, command)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EX_CONFIG
+
+
+def _command(args: argparse.Namespace, command: str) -> int:
     from streamd.config import ConfigError, load_config
 
     config = load_config(getattr(args, "config", None))

@@ -288,11 +288,16 @@ def _fix_hint(value: object, hint: Any) -> str:
             return "; write true or false without quotes (yes/no/on/off are not accepted)"
         if isinstance(value, (int, float)):
             return "; write true or false"
-    if hint is int and isinstance(value, float) and value.is_integer():
+    if hint is int and isinstance(value, float) and value.is_integer() and abs(value) <= CEILING[int]:
         return f"; write {int(value)}"
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"; put it in quotes: '{value}'"
     return ""
+
+
+CEILING: dict[type, int] = {int: 2**31 - 1, float: 10**9}
+"""The upper bound of a number whose field declares none (``le``/``lt``): native code, timeouts
+(``Event.wait`` overflows) and buffer sizes must never see an absurd value such as ``1e23``."""
 
 
 def coerce(value: object, hint: Any, meta: Mapping[str, Any], path: str) -> Any:
@@ -345,6 +350,8 @@ def coerce(value: object, hint: Any, meta: Mapping[str, Any], path: str) -> Any:
 
 def _check_bounds(value: float, hint: Any, meta: Mapping[str, Any], path: str) -> None:
     ge, gt, le, lt, step = (meta.get(k) for k in ("ge", "gt", "le", "lt", "multiple_of"))
+    if le is None and lt is None and value > CEILING[hint]:
+        raise Invalid(f"expected {expectation(hint, meta)} and at most {CEILING[hint]}, got {value!r}", path)
     inside = (
         (ge is None or value >= ge)
         and (gt is None or value > gt)

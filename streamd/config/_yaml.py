@@ -75,31 +75,33 @@ def _syntax_problem(label: str, exc: yaml.MarkedYAMLError) -> str:
 
 
 def _walk(
-    node: Node, path: str, marks: dict[str, int], duplicates: list[tuple[str, str]], stack: set[int]
+    node: Node, path: str, marks: dict[str, int], duplicates: list[tuple[str, str]], seen: set[int]
 ) -> None:
-    if id(node) in stack:  # a recursive alias; nothing more to map
+    """Map key paths to lines. Each node is walked once: an alias (``*anchor``) repeats a node already walked,
+    and its keys keep the lines of the anchor's copy, so the walk is as long as the file, never as long as
+    the document with every alias expanded (nested aliases grow that exponentially)."""
+    if id(node) in seen:
         return
-    stack.add(id(node))
+    seen.add(id(node))
     if isinstance(node, MappingNode):
-        seen: dict[str, int] = {}
+        lines: dict[str, int] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, ScalarNode) or key_node.value == "<<":
                 continue  # merged keys (<<: *anchor) take the line of their mapping
             key, line = key_node.value, key_node.start_mark.line + 1
             child = f"{path}.{key}" if path else key
-            if key in seen:
+            if key in lines:
                 duplicates.append(
                     (
                         child,
-                        f"key given twice (first on line {seen[key]}); YAML keeps only the last, delete one",
+                        f"key given twice (first on line {lines[key]}); YAML keeps only the last, delete one",
                     )
                 )
-            seen[key] = line
+            lines[key] = line
             marks[child] = line
-            _walk(value_node, child, marks, duplicates, stack)
+            _walk(value_node, child, marks, duplicates, seen)
     elif isinstance(node, SequenceNode):
         for index, item in enumerate(node.value):
             child = f"{path}[{index}]"
             marks[child] = item.start_mark.line + 1
-            _walk(item, child, marks, duplicates, stack)
-    stack.discard(id(node))
+            _walk(item, child, marks, duplicates, seen)

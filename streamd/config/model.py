@@ -21,6 +21,7 @@ from streamd.config.coco import COCO_NAMES
 from streamd.resources import bundled_path
 
 DEFAULT_MODEL = bundled_path("models", "nanodet-coco.onnx")
+MAX_TOP_K = 4096  # the GPU NMS kernel's limit (kernels/postprocess.cu: 64 mask words of 64 candidates)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ class ModelConfig:
         0.45, "NMS: a box overlapping a better one of its class by more is dropped", gt=0, le=1
     )
     max_detections: int = opt(100, "most detections kept per frame after NMS", ge=1, le=10000)
-    top_k: int = opt(1000, "most candidates per frame kept (best scores first) before NMS", ge=1, le=100000)
+    top_k: int = opt(
+        1000, "most candidates per frame kept (best scores first) before NMS", ge=1, le=MAX_TOP_K
+    )
     classes: tuple[int, ...] | None = opt(
         None,
         "class names or ids to detect (list); the others are dropped before NMS. Default: every class. "

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from streamd.config.model import MAX_TOP_K  # the kernel's removed-mask: 64 words of 64 candidates
 from streamd.gpu.cuda import (
     Context,
     DeviceBuffer,
@@ -39,7 +40,6 @@ from streamd.pipeline.postprocess import PostprocessSpec
 from streamd.types import Detections
 
 LAYOUT_IDS = {"yolov8": 0, "yolov5": 1, "end2end": 2}
-MAX_TOP_K = 4096  # the kernel's removed-mask holds 64 words of 64 candidates
 NMS_THREADS = 1024
 DECODE_THREADS = 256
 
