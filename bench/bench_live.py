@@ -1,0 +1,490 @@
+"""Live density: how many live-paced 1080p30 cameras one `streamd run` carries (issue 8), on the GPU box.
+
+Every figure comes from one run of this script, side by side:
+
+1. *Ceiling*: decode-only throughput of the same clip with plain PyNvVideoCodec in threads (what the NVDEC
+   engines can do on this content, without streamd).
+2. *Ramp*: for each N, one `streamd run` (a real subprocess: supervisor + workers) with N streams of the
+   clip, ``realtime: true`` (paced like a camera), ``loop: true``; after READY a warm-up, then a window.
+   From the JSONL output and /proc: offered vs delivered fps, drops (frame-index gaps inside the window =
+   frames dropped after decode), p50/p99/max of ``latency_ms.arrival`` (packet in -> result), host CPU ms
+   per frame (all streamd processes), RSS and GPU memory per process, and per-stream fairness (min stream
+   fps / fair share).
+3. *Restart*: during a live run, ``kill -9`` of one worker: seconds until its streams write again, their
+   frame indices continuing; gaps in every other stream; exit status at SIGTERM.
+4. *Pipelined vs serialized*: the same frames (the bundled clip decoded once to host memory) through the same
+   engine and stages at ``ring_slots`` 4 vs 1, batch 1 / 8 / 32, in-process.
+5. ``--soak S``: one run of N streams for S seconds, RSS and GPU memory of every process sampled every 10 s.
+
+Usage (GPU box; tools/gpu_run.sh calls it): ``python bench/bench_live.py --clip CLIP --out DIR [...]``.
+Results: DIR/bench_live.md (table) and DIR/bench_live.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MODEL = ROOT / "models" / "nanodet-coco.onnx"
+DEMO_CLIP = ROOT / "samples" / "vtest.mp4"
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def config_text(
+    clip: Path, n: int, out: Path, *, batch: int, workers: str, engine: str = "torch", extra: str = ""
+) -> str:
+    streams = "".join(
+        f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: true\n    loop: true\n" for i in range(n)
+    )
+    return (
+        f"streams:\n{streams}"
+        f"model:\n  path: {MODEL}\n"
+        f"engine:\n  type: {engine}\n  precision: {'fp16' if engine != 'onnxruntime' else 'fp32'}\n"
+        "  max_batch: 64\n"
+        f"pipeline:\n  batch_size: {batch}\n  workers: {workers}\n{extra}"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n    queue_size: 200000\n"
+        "log_level: info\n"
+    )
+
+
+# -- processes ------------------------------------------------------------------------------------------
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it (from /proc's ppid fields)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICK
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def gpu_mem_mb() -> dict[int, float]:
+    """GPU memory per process (nvidia-smi), pid -> MiB."""
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            out[int(parts[0])] = float(parts[1]) if parts[1].replace(".", "").isdigit() else 0.0
+    return out
+
+
+class Daemon:
+    """`streamd run CONFIG` as a subprocess; stderr collected line by line."""
+
+    def __init__(self, cfg: Path) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.log: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            for line in list(self.log):
+                if m := re.search(pattern, line):
+                    return m
+            time.sleep(0.1)
+        return None
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+# -- one live run -------------------------------------------------------------------------------------------
+def read_records(path: Path) -> list[dict]:
+    out = []
+    with path.open() as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line may be half-written
+            if "type" not in r:
+                out.append(r)
+    return out
+
+
+def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) -> dict:
+    """Figures over lines whose decode time lies in [t0, t1)."""
+    inside = [r for r in records if t0 <= r["time"] < t1]
+    seconds = t1 - t0
+    per_stream: dict[str, list[int]] = defaultdict(list)
+    for r in inside:
+        per_stream[r["stream"]].append(r["frame"])
+    gaps = 0
+    for frames in per_stream.values():
+        frames.sort()
+        gaps += sum(b - a - 1 for a, b in itertools.pairwise(frames) if b > a + 1)
+    lat = np.array([r["latency_ms"].get("arrival", r["latency_ms"]["total"]) for r in inside] or [0.0])
+    counts = [len(per_stream.get(f"cam{i:03d}", [])) for i in range(n)]
+    fair = (min(counts) / seconds) / fps if counts else 0.0
+    return {
+        "delivered_fps": round(len(inside) / seconds, 1),
+        "drops_in_window": gaps,
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "max_ms": round(float(lat.max()), 2),
+        "min_stream_share": round(fair, 3),
+        "streams_seen": len(per_stream),
+    }
+
+
+def live_run(args, n: int, tmp: Path, *, kill_worker: bool = False, soak_s: float = 0.0) -> dict:
+    out = tmp / f"live-{n}.jsonl"
+    out.unlink(missing_ok=True)
+    cfg = tmp / f"live-{n}.yaml"
+    cfg.write_text(config_text(args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine))
+    d = Daemon(cfg)
+    row: dict = {"streams": n, "offered_fps": n * args.fps}
+    try:
+        if d.wait_for(r"streamd: ready", args.start_timeout) is None:
+            row["error"] = "not ready: " + "".join(d.log)[-1500:]
+            return row
+        ready_wall = time.time()
+        pids = descendants(d.proc.pid)
+        row["processes"] = len(pids)
+        time.sleep(args.warmup)
+        if kill_worker:
+            return restart_probe(args, d, out, row)
+        duration = soak_s or args.window
+        t0 = time.time()
+        cpu0 = cpu_seconds(pids)
+        samples = []
+        next_sample = time.monotonic()
+        while time.time() - t0 < duration and d.proc.poll() is None:
+            if time.monotonic() >= next_sample:
+                gpu = gpu_mem_mb()
+                samples.append(
+                    {"t": round(time.time() - t0, 1), "rss_mb": {p: round(rss_mb(p), 1) for p in pids},
+                     "gpu_mb": {p: gpu.get(p, 0.0) for p in pids}}
+                )  # fmt: skip
+                next_sample += args.sample_every
+            time.sleep(0.2)
+        t1 = time.time()
+        cpu = cpu_seconds(pids) - cpu0
+        time.sleep(1.0)  # lines of the window's last frames
+        records = read_records(out)
+        row.update(window_stats(records, t0, t1, n, args.fps))
+        row["host_cpu_ms_per_frame"] = round(cpu * 1e3 / max(1, row["delivered_fps"] * (t1 - t0)), 3)
+        last = samples[-1] if samples else {"rss_mb": {}, "gpu_mb": {}}
+        row["rss_mb_max_process"] = max(last["rss_mb"].values() or [0])
+        row["gpu_mb_per_process"] = sorted(v for v in last["gpu_mb"].values() if v)
+        row["warmup_s"] = round(t0 - ready_wall, 1)
+        if soak_s:
+            row["samples"] = samples
+            row["growth"] = growth(samples, skip_s=60.0)
+    finally:
+        row["exit"] = d.stop()
+        summary = [line.strip() for line in d.log if "streamd: done" in line]
+        row["summary"] = summary[-1] if summary else "".join(d.log)[-600:]
+    return row
+
+
+def growth(samples: list[dict], skip_s: float) -> dict:
+    """Largest relative growth of RSS / GPU memory of any process from the first sample after skip_s."""
+    later = [s for s in samples if s["t"] >= skip_s]
+    if len(later) < 2:
+        return {}
+    first, last = later[0], later[-1]
+    out = {}
+    for key in ("rss_mb", "gpu_mb"):
+        ratios = [(last[key].get(p, 0) - v) / v for p, v in first[key].items() if v and last[key].get(p, 0)]
+        out[key] = round(max(ratios) * 100, 2) if ratios else None
+    return out
+
+
+def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
+    """kill -9 worker 0 mid-run: its streams' return time; gaps in all streams over the whole run."""
+    m = d.wait_for(r"worker 0 (?:ready|back) \(pid (\d+)\): stream\(s\) (\S+)", 5)
+    if m is None:
+        row["error"] = "no worker 0 line"
+        return row
+    victim, first_stream = int(m.group(1)), m.group(2).rstrip(",")
+    before = sum(1 for r in read_records(out) if r["stream"] == first_stream)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    back = None
+    while time.monotonic() - killed < 60:
+        if sum(1 for r in read_records(out) if r["stream"] == first_stream) > before + 1:
+            back = time.monotonic() - killed
+            break
+        time.sleep(0.1)
+    row["restart_s"] = round(back, 2) if back is not None else None
+    time.sleep(3)
+    code = d.stop()
+    row["exit"] = code
+    records = read_records(out)
+    victims = set(re.findall(r"stream\(s\) ([^;]+) affected", "".join(d.log))[0].split(", "))
+    per_stream: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        per_stream[r["stream"]].append(r["frame"])
+    row["victim_streams"] = len(victims)
+    row["victims_contiguous"] = all(v == list(range(len(v))) for s, v in per_stream.items() if s in victims)
+    row["others_gaps"] = sum(
+        sum(b - a - 1 for a, b in itertools.pairwise(v) if b > a + 1)
+        for s, v in per_stream.items() if s not in victims
+    )  # fmt: skip
+    row["others_first_frame_nonzero"] = sum(
+        1 for s, v in per_stream.items() if s not in victims and v[0] != 0
+    )
+    return row
+
+
+# -- decode-only ceiling -------------------------------------------------------------------------------------
+def decode_ceiling(clip: Path, threads: int, seconds: float) -> float:
+    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads, frames/s over all threads."""
+    import PyNvVideoCodec as nvc
+
+    stop = time.monotonic() + seconds
+    counts = [0] * threads
+
+    def body(i: int) -> None:
+        while time.monotonic() < stop:
+            demux = nvc.CreateDemuxer(str(clip))
+            dec = nvc.CreateDecoder(gpuid=0, codec=demux.GetNvCodecId(), usedevicememory=True)
+            for packet in demux:
+                counts[i] += len(dec.Decode(packet))
+                if time.monotonic() >= stop:
+                    break
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+# -- pipelined vs serialized ---------------------------------------------------------------------------------
+def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]:
+    """Same host frames, same engine: ring_slots 4 (batches in different stages at once) vs 1 (serial)."""
+    import cv2
+
+    from streamd.config import parse_config
+    from streamd.pipeline.batcher import Batcher
+    from streamd.pipeline.scheduler import Scheduler
+    from streamd.types import Frame
+    from streamd.worker import build_stages
+
+    cap = cv2.VideoCapture(str(DEMO_CLIP))
+    images = []
+    while len(images) < 200:
+        ok, img = cap.read()
+        if not ok:
+            break
+        images.append(img)
+    h, w = images[0].shape[:2]
+    rows = []
+    for batch in batches:
+        raw = {
+            "streams": [{"id": "s", "url": str(DEMO_CLIP)}],
+            "model": {"path": str(MODEL)},
+            "engine": {"type": "torch", "precision": "fp16", "max_batch": 64},
+            "pipeline": {"batch_size": batch, "decoder": "cpu"},
+        }
+        config = parse_config(raw, ROOT)
+        stages = build_stages(config)
+        try:
+            result = {"batch": batch}
+            for slots in (4, 1, 4, 1):  # alternate, best of two each
+                batcher = Batcher(batch, 0.05)
+                q = batcher.add_stream("s", 4 * batch, "block")
+                stop = threading.Event()
+
+                def feed(q=q, stop=stop) -> None:
+                    for i in range(frames_total):
+                        img = images[i % len(images)]
+                        f = Frame("s", i, i / 30, w, h, image=img, t_decoded=time.perf_counter())
+                        if not q.put(f, stop):
+                            return
+                    q.close()
+
+                done = []
+                sched = Scheduler(batcher, stages, done.extend, ring_slots=slots)
+                feeder = threading.Thread(target=feed, daemon=True)
+                t0 = time.perf_counter()
+                feeder.start()
+                sched.start()
+                sched.join()
+                fps = len(done) / (time.perf_counter() - t0)
+                key = f"fps_slots{slots}"
+                result[key] = max(result.get(key, 0.0), round(fps, 1))
+            result["ratio"] = round(result["fps_slots4"] / result["fps_slots1"], 2)
+            rows.append(result)
+        finally:
+            stages.close()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clip", type=Path, required=True, help="1080p30 H.264 clip, >= 30 s")
+    ap.add_argument("--streams", type=int, nargs="*", default=[64, 96, 120])
+    ap.add_argument("--overload", type=int, nargs="*", default=[], help="stream counts past the ceiling")
+    ap.add_argument("--fps", type=float, default=30.0)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--engine", default="torch", help="onnxruntime: a CPU smoke test of this script")
+    ap.add_argument("--workers", default="auto")
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--start-timeout", type=float, default=240.0)
+    ap.add_argument("--sample-every", type=float, default=10.0)
+    ap.add_argument("--ceiling-threads", type=int, default=32)
+    ap.add_argument("--restart", type=int, default=0, help="streams for the kill -9 probe (0: skip)")
+    ap.add_argument("--pipelined", type=int, nargs="*", default=[], help="batch sizes (e.g. 1 8 32)")
+    ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
+    ap.add_argument("--soak", type=float, default=0.0, help="seconds of one soak run at --streams[0]")
+    ap.add_argument("--out", type=Path, default=ROOT / "out")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": os.environ.get("STREAMD_COMMIT", "?"),
+        "clip": args.clip.name,
+    }
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").exists() else None) as tmp_s:
+        tmp = Path(tmp_s)
+        if args.soak:
+            results["soak"] = live_run(args, args.streams[0], tmp, soak_s=args.soak)
+            print(json.dumps({k: v for k, v in results["soak"].items() if k != "samples"}), flush=True)
+        else:
+            if args.ceiling_threads:
+                ceiling = decode_ceiling(args.clip, args.ceiling_threads, 8.0)
+                results["ceiling_fps"] = round(ceiling, 1)
+                print(f"decode-only ceiling ({args.ceiling_threads} threads): {ceiling:.0f} fps", flush=True)
+            if args.single:
+                saved = (args.batch, args.workers)
+                args.batch, args.workers = 4, "auto"
+                results["single"] = live_run(args, 1, tmp)
+                args.batch, args.workers = saved
+                print(json.dumps(results["single"]), flush=True)
+            results["ramp"] = []
+            for n in [*args.streams, *args.overload]:
+                row = live_run(args, n, tmp)
+                results["ramp"].append(row)
+                print(json.dumps(row), flush=True)
+            if args.restart:
+                results["restart"] = live_run(args, args.restart, tmp, kill_worker=True)
+                print(json.dumps(results["restart"]), flush=True)
+            if args.pipelined:
+                results["pipelined"] = pipelined_vs_serialized(args.pipelined, 3000)
+                print(json.dumps(results["pipelined"]), flush=True)
+    (args.out / "bench_live.json").write_text(json.dumps(results, indent=1))
+    (args.out / "bench_live.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+def markdown(r: dict) -> str:
+    lines = [f"bench_live · {r['date']} · commit {r['commit']} · clip {r['clip']}", ""]
+    if "ceiling_fps" in r:
+        lines.append(f"decode-only ceiling (plain PyNvVideoCodec): **{r['ceiling_fps']} fps**")
+        lines.append("")
+    rows = ([r["single"]] if "single" in r else []) + r.get("ramp", [])
+    if rows:
+        lines += [
+            "| streams | offered fps | delivered fps | drops | p50 ms | p99 ms | max ms | min stream share "
+            "| CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        ]
+        for x in rows:
+            if "error" in x:
+                lines.append(f"| {x['streams']} | {x['offered_fps']} | error: {x['error'][:200]} |")
+                continue
+            gpu = x.get("gpu_mb_per_process") or []
+            lines.append(
+                f"| {x['streams']} | {x['offered_fps']:.0f} | {x['delivered_fps']} | {x['drops_in_window']} "
+                f"| {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} | {x['min_stream_share']} "
+                f"| {x['host_cpu_ms_per_frame']} | {x.get('processes')} | {x['rss_mb_max_process']} "
+                f"| {min(gpu, default=0):.0f}–{max(gpu, default=0):.0f} | {x['exit']} |"
+            )
+    if "restart" in r:
+        x = r["restart"]
+        lines += ["", f"kill -9 of worker 0 at {x['streams']} streams: back after {x.get('restart_s')} s, "
+                  f"{x.get('victim_streams')} streams affected, "
+                  f"indices contiguous: {x.get('victims_contiguous')}, "
+                  f"gaps in other streams: {x.get('others_gaps')}, exit {x.get('exit')}"]  # fmt: skip
+    if "pipelined" in r:
+        lines += ["", "| batch | ring_slots 4 fps | ring_slots 1 fps | ratio |", "|---:|---:|---:|---:|"]
+        for x in r["pipelined"]:
+            lines.append(f"| {x['batch']} | {x['fps_slots4']} | {x['fps_slots1']} | {x['ratio']} |")
+    if "soak" in r:
+        x = r["soak"]
+        lines += ["", f"soak {x['streams']} streams: delivered {x.get('delivered_fps')} fps, drops "
+                  f"{x.get('drops_in_window')}, p99 {x.get('p99_ms')} ms, "
+                  f"growth after 1 min {x.get('growth')}, "
+                  f"exit {x.get('exit')}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
