@@ -365,7 +365,10 @@ def _advice(engine: Any, precision: str) -> str:
     if other and engine.name.startswith(("torch", "tensorrt", "onnxruntime-cuda")):
         parts.append(f"try engine.precision: {other}")
     parts.append("or engine.verify: false to run it anyway, at your own risk")
-    return "; ".join(parts)
+    advice = "; ".join(parts)
+    if engine.name.startswith("torch"):
+        advice += " (to find the op: tools/locate_divergence.py, see docs/engines.md)"
+    return advice
 
 
 def run_check(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) -> Verification:
@@ -400,7 +403,7 @@ def run_check(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) -
                 f"output {e.name!r}: max abs error {e.max_abs:.4g}, mean {e.mean_abs:.4g} (reference scale "
                 f"{e.scale:.4g}; {precision} allows {allowed})"
             )
-    if v.matched < tol.match:
+    if float(agreement["matched"]) < tol.match:
         reasons.append(
             f"detections: {v.matched:.1%} matched at IoU ≥ {tol.iou} (reference {v.reference_detections}, "
             f"engine {v.engine_detections} above score threshold + {tol.margin}; {precision} needs "
