@@ -99,8 +99,8 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
             cuda_graphs=e.cuda_graphs,
             verify=VerifyPlan.from_config(config),
         )
-    except EngineError as exc:  # the model file is not one the engine can load: a config problem
-        raise StartupError(str(exc), EX_CONFIG) from exc
+    except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable
+        raise StartupError(str(exc), exc.code) from exc
     try:
         c, h, w = engine.input_shape
         if (w, h) != tuple(m.input_size) or c != 3:

@@ -93,3 +93,26 @@ def test_exit_codes_are_documented() -> None:
     docs = (ROOT / "docs" / "config.md").read_text()
     for code in (0, 1, EX_UNAVAILABLE, EX_SOFTWARE, EX_CANTCREAT, 78):
         assert f"| {code} |" in readme and f"| {code} |" in docs, code
+
+
+def test_read_only_output_is_one_line_and_73(tmp_path: Path) -> None:
+    out = tmp_path / "ro.jsonl"
+    out.touch()
+    out.chmod(0o444)
+    if os.access(out, os.W_OK):  # root writes anyway: a file the kernel never lets anyone write
+        out = Path("/proc/version")
+    cfg = tmp_path / "ro.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP}\nsinks:\n  - type: jsonl\n    path: {out}\n  - type: stdout\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == EX_CANTCREAT, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and str(out) in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

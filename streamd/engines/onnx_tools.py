@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from streamd.engines.base import EngineError
+from streamd.exitcodes import EX_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def load(path: Path) -> Any:
     try:
         return onnx.load(str(path))
     except Exception as exc:  # protobuf raises DecodeError, OSError, ...
-        raise EngineError(f"model.path: cannot read ONNX model {path}: {exc}") from exc
+        raise EngineError(f"model.path: cannot read ONNX model {path}: {exc}", EX_CONFIG) from exc
 
 
 def model_io(model: Any, source: object = "model") -> ModelIO:
@@ -84,12 +85,13 @@ def model_io(model: Any, source: object = "model") -> ModelIO:
     if len(inputs) != 1 or len(graph.output) != 1:
         raise EngineError(
             f"model.path: expected a model with one input and one output, got {len(inputs)} inputs and "
-            f"{len(graph.output)} outputs ({source})"
+            f"{len(graph.output)} outputs ({source})",
+            EX_CONFIG,
         )
     shape = _dims(inputs[0])
     if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
         raise EngineError(
-            f"model input: expected [B, C, H, W] with fixed C, H, W; got {list(shape)} ({source})"
+            f"model input: expected [B, C, H, W] with fixed C, H, W; got {list(shape)} ({source})", EX_CONFIG
         )
     return ModelIO(
         inputs[0].name,

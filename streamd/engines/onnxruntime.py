@@ -20,6 +20,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
+from streamd.exitcodes import EX_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class OnnxRuntimeEngine:
         model = onnx_tools.load(model_path)
         io = onnx_tools.model_io(model, model_path)
         if precision == "int8":
-            raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model")
+            raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model", EX_CONFIG)
         if io.batch == 1 and max_batch > 1:
             dynamic = onnx_tools.make_batch_dynamic(model)
             if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
@@ -102,7 +103,9 @@ class OnnxRuntimeEngine:
         try:
             return self._ort.InferenceSession(self._model_bytes, self._opts, providers=providers)
         except Exception as exc:  # ORT raises several unrelated types for a bad model
-            raise EngineError(f"model.path: ONNX Runtime cannot load {self._model_path}: {exc}") from exc
+            raise EngineError(
+                f"model.path: ONNX Runtime cannot load {self._model_path}: {exc}", EX_CONFIG
+            ) from exc
 
     def _host_run(self, batch: np.ndarray) -> np.ndarray:
         if self.batch_fixed == 1 and len(batch) > 1:  # a batch-1 model that could not be made dynamic

@@ -1,0 +1,94 @@
+"""``engine.type: auto`` falls back to the next engine, with one warning, when one cannot be brought up."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamd.engines import EngineError, create_engine
+from streamd.engines.base import backend_order
+from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE
+from tests.engines.fake_tensorrt import make_fakes
+from tests.engines.tiny_models import make_detector
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    return make_detector(tmp_path / "tiny.onnx")
+
+
+@pytest.fixture
+def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> object:
+    """The fake TensorRT 10 on a machine with a GPU, whose builder fails (returns no plan, as a real
+    TensorRT does when no tactic fits or the GPU is unsupported)."""
+    module, cuda = make_fakes("10.16.1.11")
+
+    def no_plan(self: object, network: object, config: object) -> None:
+        self._logger.log(module.ILogger.Severity.ERROR, "no implementation obeys reformatting constraints")  # type: ignore[attr-defined]
+        return None
+
+    monkeypatch.setattr(module.Builder, "build_serialized_network", no_plan)
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+    monkeypatch.setattr("streamd.engines._cuda.DriverCuda", lambda device=0: cuda)
+    monkeypatch.setattr("streamd.engines.base._gpu_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: False)
+    return module
+
+
+def test_auto_order_on_a_gpu_box_with_tensorrt(broken_tensorrt, monkeypatch) -> None:
+    assert backend_order("auto") == ["tensorrt", "onnxruntime"]
+    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: True)
+    assert backend_order("auto") == ["tensorrt", "torch", "onnxruntime"]
+    assert backend_order("tensorrt") == ["tensorrt"]
+
+
+def test_auto_falls_back_when_tensorrt_fails_to_build(broken_tensorrt, tiny, tmp_path, caplog) -> None:
+    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path)
+    try:
+        assert engine.name == "onnxruntime-cpu"
+    finally:
+        engine.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("engine: tensorrt could not be brought up (TensorRT could not build")
+    assert warnings[0].endswith("engine.type auto falls back to onnxruntime")
+
+
+def test_named_tensorrt_fails_with_its_reason_and_69(broken_tensorrt, tiny, tmp_path) -> None:
+    with pytest.raises(EngineError) as info:
+        create_engine("tensorrt", tiny, max_batch=2, cache_dir=tmp_path)
+    assert info.value.code == EX_UNAVAILABLE and "TensorRT could not build" in str(info.value)
+
+
+def test_each_failing_engine_gets_one_warning(broken_tensorrt, tiny, tmp_path, monkeypatch, caplog) -> None:
+    """TensorRT fails to build, torch (asked for CUDA on a box without it) fails to load, ORT runs."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: True)
+    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path)
+    engine.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w.split(" (")[0] for w in warnings] == [
+        "engine: tensorrt could not be brought up",
+        "engine: torch could not be brought up",
+    ]
+    assert warnings[0].endswith("falls back to torch") and warnings[1].endswith("falls back to onnxruntime")
+
+
+def test_a_library_exception_becomes_an_engine_error(tiny, monkeypatch, tmp_path) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise MemoryError("out of device memory")
+
+    monkeypatch.setattr("streamd.engines.onnxruntime.OnnxRuntimeEngine", boom)
+    with pytest.raises(EngineError) as info:
+        create_engine("onnxruntime", tiny, max_batch=2, cache_dir=tmp_path)
+    assert str(info.value) == "engine onnxruntime: MemoryError: out of device memory"
+    assert info.value.code == EX_UNAVAILABLE
+
+
+def test_config_errors_are_78(tiny) -> None:
+    for kwargs in ({"precision": "fp8"}, {"max_batch": 0}):
+        with pytest.raises(EngineError) as info:
+            create_engine("onnxruntime", tiny, **{"max_batch": 2, **kwargs})
+        assert info.value.code == EX_CONFIG
