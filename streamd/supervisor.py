@@ -122,6 +122,10 @@ class Supervisor:
         self._resume: dict[str, Resume] = {}
         self._info: dict[str, Any] = {}
         self._announced = False  # READY=1 sent
+        # A built, idle worker that takes over the streams of one that dies (pipeline.spare_worker).
+        self.spare: _Worker | None = None
+        self._spare_at = 0.0  # monotonic time from which a (new) spare may be started
+        self._want_spare = config.pipeline.spare_worker and len(self.workers) >= 2
         self._snapshots: dict[str, tuple[threading.Event, list[bytes | None]]] = {}  # pending page requests
         self._snapshot_lock = threading.Lock()
         self.sinks: list[LineSink] = []
@@ -236,6 +240,7 @@ class Supervisor:
             if all(w.done or w.gave_up for w in self.workers):
                 return 0
             self._check_workers()
+            self._keep_spare()
             self._tick()
             self.stop.wait(0.25)
 
@@ -269,9 +274,46 @@ class Supervisor:
         return EX_FAILURE if failed or broken or lost else 0
 
     # -- workers ---------------------------------------------------------------------------------------------
-    def _spawn(self, w: _Worker) -> None:
+    def _keep_spare(self) -> None:
+        """Once every worker runs, keep one spare built; replace it when it dies."""
+        if not self._want_spare or not self._announced or self.stop.is_set():
+            return
+        spare = self.spare
+        if spare is not None and (spare.alive or spare.process is None):
+            return
+        if spare is not None and spare.error is not None:
+            log.warning("spare worker could not start (%s); running without a spare", spare.error[1])
+            self.spare, self._want_spare = None, False
+            return
+        if spare is not None:  # it died while idle
+            log.warning("spare worker (pid %d) died; starting another", spare.process.pid)
+            self.spare, self._spare_at = None, time.monotonic() + 5.0
+            return
+        if time.monotonic() >= self._spare_at:
+            self.spare = _Worker(-1, (), self.workers[0].device)
+            self._spawn(self.spare, hold=True)
+
+    def _adopt(self, dead: _Worker) -> bool:
+        """Hand a dead worker's streams to the spare (already built: no engine build on the way back)."""
+        spare = self.spare
+        if spare is None or not spare.ready or not spare.alive or spare.device != dead.device:
+            return False
+        resume = {sid: self._resume[sid] for sid in dead.stream_ids if sid in self._resume}
+        spare.index, spare.stream_ids = dead.index, dead.stream_ids
+        spare.base, spare.lines, spare.base_results = dead.base, dead.lines, dead.base_results
+        spare.restarts, spare.crashes_in_a_row = dead.restarts, dead.crashes_in_a_row
+        spare.ready = False  # ready again once its streams run
+        self.workers[self.workers.index(dead)] = spare
+        for sid in dead.stream_ids:
+            self._owner[sid] = spare
+        self.spare, self._spare_at = None, time.monotonic() + 1.0
+        self._send(spare, ("adopt", dead.stream_ids, resume))
+        return True
+
+    def _spawn(self, w: _Worker, *, hold: bool | None = None) -> None:
         resume = {sid: self._resume[sid] for sid in w.stream_ids if sid in self._resume}
-        hold = not self._announced  # first start: streams begin together once every worker is built
+        if hold is None:
+            hold = not self._announced  # first start: streams begin together once every worker is built
         spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume, hold)
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=worker_main, args=(spec, child), name=f"streamd-worker{w.index}")
@@ -313,6 +355,9 @@ class Supervisor:
             elif kind == "ready":
                 self._info = message[1]
                 w.ready, w.ready_at = True, time.monotonic()
+                if w.index < 0:  # the spare, built and idle
+                    log.info("spare worker ready (pid %d)", message[1]["pid"])
+                    continue
                 log.info(
                     "worker %d %s (pid %d): stream(s) %s",
                     w.index, "back" if w.restarts else "ready", message[1]["pid"], ", ".join(w.stream_ids),
@@ -377,8 +422,14 @@ class Supervisor:
                     w.index, w.crashes_in_a_row, why, ", ".join(w.stream_ids),
                 )  # fmt: skip
                 continue
-            delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** max(0, w.crashes_in_a_row - 1))
             w.restarts += 1
+            if self._adopt(w):
+                log.error(
+                    "worker %d (pid %d) died (%s); stream(s) %s affected; moved to the spare worker",
+                    w.index, w.process.pid, why, ", ".join(w.stream_ids),
+                )  # fmt: skip
+                continue
+            delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** max(0, w.crashes_in_a_row - 1))
             w.restart_at = now + delay
             w.ready = False
             log.error(
@@ -400,10 +451,11 @@ class Supervisor:
 
     def _stop_workers(self, *, abort: bool, quiet: bool = False) -> None:
         """Ask every worker to finish; wait for the drain (bounded), then end what is left."""
-        for w in self.workers:
+        everyone = [*self.workers, *([self.spare] if self.spare is not None else [])]
+        for w in everyone:
             self._send(w, ("abort",) if abort else ("stop",))
         deadline = time.monotonic() + (5.0 if abort else self.DRAIN_S)
-        for w in self.workers:
+        for w in everyone:
             if w.process is None:
                 continue
             while w.alive and time.monotonic() < deadline:

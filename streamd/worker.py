@@ -5,8 +5,9 @@ supervisor); ``worker_main`` runs it in a worker process and talks to the superv
 
     worker -> supervisor   ("ready", info) · ("lines", [Record, ...]) per batch · ("stats", dict) twice a
                            second · ("error", exit_code, message) when it cannot start · ("done", failed)
-    supervisor -> worker   ("go",) start the streams (first start: once every worker is built) · ("stop",)
-                           drain and finish · ("abort",) finish now · ("snapshot", stream_id)
+    supervisor -> worker   ("go",) start the streams (first start: once every worker is built) · ("adopt",
+                           stream_ids, resumes) a spare takes over a dead worker's streams, then starts ·
+                           ("stop",) drain and finish · ("abort",) finish now · ("snapshot", stream_id)
 
 Records carry the stream's frame index, pts and wall time next to the finished line, so the supervisor can
 resume a restarted worker's streams where they stopped without parsing JSON. The worker never outlives its
@@ -186,11 +187,23 @@ class Pipeline:
             self.stages.close()
             self.stages = None
             raise
-        batcher = self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        self._add_streams()
+        self.scheduler = Scheduler(self.batcher, self.stages, self._on_results, cfg.pipeline.ring_slots)
+
+    def adopt(self, streams: Sequence[StreamConfig], resume: dict[str, Resume]) -> None:
+        """A spare worker (built, no streams) takes over the streams of a worker that died; before start()."""
+        assert not self._started, "adopt() before start()"
+        self.streams, self._resume = tuple(streams), dict(resume)
+        self.latency = {s.id: LatencyHistograms() for s in self.streams}
+        self._add_streams()
+
+    def _add_streams(self) -> None:
+        cfg, batcher = self.config, self.batcher
+        assert batcher is not None
         # detect_fps, zones, tracking, events (issue 9), per stream; None where a stream uses none of them
-        self.analytics = {
-            sid: a for sid, a in build_analytics(cfg).items() if sid in {s.id for s in self.streams}
-        }
+        mine = {s.id for s in self.streams}
+        self.analytics = {sid: a for sid, a in build_analytics(cfg).items() if sid in mine}
         options: dict[str, int] = {}
         if self.decoder == "nvdec":
             # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
@@ -208,7 +221,6 @@ class Pipeline:
             if (r := self._resume.get(sc.id)) is not None:
                 worker.resume_at(r.index, r.pts, r.wall_time)
             self.workers.append(worker)
-        self.scheduler = Scheduler(batcher, self.stages, self._on_results, cfg.pipeline.ring_slots)
 
     def _on_results(self, results: list[FrameResult]) -> None:
         """One batch: plain streams go out as one message; a stream with analytics sends its lines under its
@@ -380,7 +392,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     go = threading.Event()
     if not spec.hold:
         go.set()
-    commands = threading.Thread(target=_commands, args=(conn, channel, pipeline, go), name="commands")
+    adoption: list[tuple[tuple[str, ...], dict[str, Resume]]] = []  # a spare's streams, given with "adopt"
+    commands = threading.Thread(
+        target=_commands, args=(conn, channel, pipeline, go, adoption), name="commands"
+    )
     commands.daemon = True
     commands.start()
     try:
@@ -389,6 +404,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         while not go.wait(0.25):  # the first start: streams begin when every worker is built
             if pipeline.stop.is_set() or channel.closed:
                 break
+        if adoption:  # a spare taking over a dead worker's streams
+            ids, resume = adoption[0]
+            pipeline.adopt([s for s in config.streams if s.id in ids], resume)
+            channel.send(("ready", {"pid": os.getpid(), "engine": engine, "decoder": pipeline.decoder}))
         if go.is_set() and not pipeline.stop.is_set():
             pipeline.start()
         while not pipeline.join(timeout=0.5):
@@ -402,7 +421,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         channel.send(("done", pipeline.failed))
 
 
-def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline, go: threading.Event) -> None:
+def _commands(
+    conn: Connection,
+    channel: _Channel,
+    pipeline: Pipeline,
+    go: threading.Event,
+    adoption: list[tuple[tuple[str, ...], dict[str, Resume]]],
+) -> None:
     while True:
         try:
             message = conn.recv()
@@ -412,6 +437,9 @@ def _commands(conn: Connection, channel: _Channel, pipeline: Pipeline, go: threa
             return
         kind = message[0]
         if kind == "go":
+            go.set()
+        elif kind == "adopt":
+            adoption.append((tuple(message[1]), dict(message[2])))
             go.set()
         elif kind == "stop":
             pipeline.stop.set()

@@ -123,12 +123,14 @@ def test_kill_9_of_a_worker_resumes_its_streams_and_leaves_the_others_alone(tmp_
     try:
         victim = int(d.wait_for(r"worker 0 ready \(pid (\d+)\): stream\(s\) a", 120).group(1))
         d.wait_for(r"worker 1 ready", 120)
+        d.wait_for(r"spare worker ready", 120)  # pipeline.spare_worker: the dead worker's streams move there
         deadline = time.monotonic() + 60
         while _count(out, "a") < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
         os.kill(victim, signal.SIGKILL)
         killed_at, a_before, b_before = time.monotonic(), _count(out, "a"), _count(out, "b")
-        d.wait_for(r"worker 0 \(pid \d+\) died \(killed by signal 9\); stream\(s\) a affected", 10)
+        died = r"worker 0 \(pid \d+\) died \(killed by signal 9\); stream\(s\) a affected; moved to the spare"
+        d.wait_for(died, 10)
         d.wait_for(r"worker 0 back \(pid \d+\)", 120)
         b_during = _count(out, "b") - b_before  # b's lines while a was down
         while _count(out, "a") <= a_before and time.monotonic() - killed_at < 120:
@@ -150,6 +152,7 @@ def test_kill_9_of_a_worker_resumes_its_streams_and_leaves_the_others_alone(tmp_
     assert b_during > 0, "the other worker's stream paused while worker 0 was down"
     counts = {sid: len(v) for sid, v in lines.items()}
     print(f"stream a resumed {resumed_s:.2f} s after kill -9; b wrote {b_during} lines meanwhile; {counts}")
+    print("".join(line for line in d.log if re.search("spare|died|back|ready", line)))
 
 
 def test_bad_model_fails_once_with_one_line_and_exit_78(tmp_path, assets) -> None:

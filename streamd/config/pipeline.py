@@ -33,6 +33,11 @@ class PipelineConfig:
         note="auto = one per 16 streams on a GPU engine (at most cores/2), one on the CPU engine",
         doc_type="'auto' or an integer 1..64",
     )
+    spare_worker: bool = opt(
+        True,
+        "keep one extra worker built and idle, so a worker that dies is replaced in about a second",
+        note="only with 2 or more workers; costs one engine's memory",
+    )
     devices: tuple[int, ...] = opt(
         (),
         "CUDA devices the workers are spread over, round robin (empty = engine.device only)",
