@@ -23,11 +23,12 @@ from typing import Any, cast
 import numpy as np
 
 from streamd.engines import trt_build
-from streamd.engines._cuda import CudaApi
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
 from streamd.engines.progress import BuildProgress, Fanout, LogProgress, SystemdKeepalive
 from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
+from streamd.gpu.cuda import CUDAError
+from streamd.gpu.driver_api import CudaApi
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +133,10 @@ class TensorRTEngine:
         self._closed = True  # until everything below exists
         self.trt = trt = load_tensorrt()
         self._own_cuda: Any = None
-        if cuda_api is None:
-            from streamd.engines._cuda import DriverCuda
+        if cuda_api is None:  # the one seam: tests pass a fake CudaApi
+            from streamd.gpu.driver_api import DriverApi
 
-            cuda_api = self._own_cuda = DriverCuda(device)
+            cuda_api = self._own_cuda = DriverApi(device)
         self.cuda: CudaApi = cuda_api
         self.device = device
         self.cuda_graphs = cuda_graphs
@@ -274,7 +275,7 @@ class TensorRTEngine:
         cuda = self.cuda
         try:
             cuda.begin_capture(stream)
-        except EngineError as exc:
+        except CUDAError as exc:
             log.warning(
                 "TensorRT: no CUDA graph for batch %d on this stream (%s); running without", key[0], exc
             )
@@ -283,7 +284,7 @@ class TensorRTEngine:
         try:
             self._execute(stream)
             graph = cuda.end_capture(stream)
-        except EngineError as exc:
+        except (CUDAError, EngineError) as exc:
             cuda.abort_capture(stream)
             log.warning("TensorRT: CUDA graph capture failed for batch %d (%s); running without", key[0], exc)
             self._graph_failed.add((key[0], stream))
