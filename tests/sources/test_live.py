@@ -181,6 +181,7 @@ def test_reconnect_attempts_zero_retries_forever(rtsp_available, pipeline) -> No
         assert pipe.wait_until(lambda: pipe.seen["cam"].first_after(ready) is not None, timeout=10), (
             worker.stats
         )
+        state = worker.stats.state  # before the server goes away again
     finally:
         server.stop()
-    assert worker.stats.state == "running" and worker.stats.read_errors >= 7
+    assert state == "running" and worker.stats.read_errors >= 7
