@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from streamd.gpu.cuda import check, driver
+from streamd.gpu.cuda import CUDAError, check, driver
 
 
 class CudaApi(Protocol):
@@ -130,8 +130,11 @@ class DriverApi:
 
     def abort_capture(self, stream: int) -> None:
         drv = self._drv
-        err, graph = drv.cuStreamEndCapture(drv.CUstream(stream))
-        if err == drv.CUresult.CUDA_SUCCESS and int(graph):
+        try:
+            graph = check(drv.cuStreamEndCapture(drv.CUstream(stream)), "cuStreamEndCapture")
+        except CUDAError:  # the capture was already invalidated: nothing to drop
+            return
+        if int(graph):
             drv.cuGraphDestroy(graph)
 
     def graph_launch(self, graph_exec: int, stream: int) -> None:
