@@ -39,9 +39,9 @@ from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream, copy_dtod  # 
 from streamd.gpu.kernels import KernelLoader  # noqa: E402
 from streamd.gpu.postprocess import GpuPostprocessor  # noqa: E402
 from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface  # noqa: E402
-from streamd.gpu.reference import bgr_to_nv12, synthetic_output  # noqa: E402
 from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec  # noqa: E402
 from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec  # noqa: E402
+from tests.gpu.reference import bgr_to_nv12, synthetic_output  # noqa: E402
 
 CLIP = ROOT / "samples" / "vtest.mp4"
 BATCHES = (1, 16, 64)

@@ -1,4 +1,5 @@
-"""Files bundled with streamd: the CUDA kernels, the demo config, the COCO model and the sample clip.
+"""Where streamd's own files are: those bundled with it (the CUDA kernels, the demo config, the COCO model and
+the sample clip; read-only) and the cache it writes (``default_cache_dir``).
 
 They live in the repository's top-level ``kernels/``, ``configs/``, ``models/`` and ``samples/`` folders;
 ``streamd/bundled/`` links to those folders, so the same files are package data inside the wheel
@@ -8,6 +9,7 @@ lookup goes through ``importlib.resources``, never through the checkout's layout
 
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -24,3 +26,10 @@ def bundled_path(*parts: str) -> Path:
         raise ValueError(f"bundled files are under one of {BUNDLED_FOLDERS}, got {'/'.join(parts)!r}")
     resource = files("streamd").joinpath("bundled", *parts)
     return Path(str(resource))
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/streamd`` or ``~/.cache/streamd``: built engines, verdicts, cubins (the default of
+    ``engine.cache_dir``; each user of it writes into its own subfolder)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "streamd"

@@ -17,6 +17,7 @@ daemon:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing as mp
@@ -34,6 +35,7 @@ from streamd import logutil, systemd
 from streamd.config import Config
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.metrics import MetricsServer
+from streamd.reload import plan_reload, reread
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 from streamd.worker import Record, Resume, WorkerSpec, worker_main
@@ -85,6 +87,7 @@ class _Worker:
     done: bool = False  # finished on its own ("done" received)
     failed: bool = False  # a stream failed or a stage broke (reported in "done")
     gave_up: bool = False  # kept dying: its streams are lost
+    retired: bool = False  # a reload took its streams away: it drains and finishes, never restarts
     error: tuple[int, str] | None = None  # a start-up failure the worker reported
     stats: dict[str, Any] = field(default_factory=dict)
     base: dict[str, dict[str, int]] = field(default_factory=dict)  # counters of earlier incarnations
@@ -130,7 +133,8 @@ class Supervisor:
         self._snapshot_lock = threading.Lock()
         self.sinks: list[LineSink] = []
         self.sink_set: SinkSet | None = None
-        self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate)
+        self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate), then reload the config
+        self._waiting: list[tuple[str, ...]] = []  # reload: stream groups whose old worker still drains
         self.ready_at = self.last_result_at = 0.0  # perf_counter: every worker ready / last result received
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
@@ -237,7 +241,7 @@ class Supervisor:
                 else:
                     log.info("streamd: stopped by signal after draining frames in flight")
                 return 0
-            if all(w.done or w.gave_up for w in self.workers):
+            if all(w.done or w.gave_up or w.retired for w in self.workers):
                 return 0
             self._check_workers()
             self._keep_spare()
@@ -393,7 +397,7 @@ class Supervisor:
         """Restart workers that died without finishing (segfault in a native decoder, OOM kill, kill -9)."""
         now = time.monotonic()
         for w in self.workers:
-            if w.done or w.gave_up or self.stop.is_set():
+            if w.done or w.gave_up or w.retired or self.stop.is_set():
                 continue
             if w.error is not None:  # after start-up a failed restart is one more crash
                 if not self._announced:
@@ -471,12 +475,89 @@ class Supervisor:
             if w.reader is not None:
                 w.reader.join(timeout=5)
 
+    # -- reload (SIGHUP / systemctl reload; issue 10 item 4, by ops) ----------------------------------------
+    def _reload(self) -> None:
+        """Re-read the config file. Invalid: refused with `streamd check`'s messages; the running config
+        stays. Valid: sinks that changed are swapped (SinkSet.reconfigure); streams added or changed start in
+        a new worker; removed or changed ones leave with their worker, which drains first (a stream sharing
+        it moves to a new worker, its frame numbering continuing); the untouched streams never notice.
+        Model, engine, pipeline and metrics changes need a restart: logged, not applied."""
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            self._apply_reload()
+        except Exception:  # a reload must never take the running streams down
+            log.exception("reload failed; the running config stays")
+        finally:
+            systemd.notify("READY=1", f"STATUS=running {len(self.config.streams)} stream(s)")
+
+    def _apply_reload(self) -> None:
+        running = self.config
+        path = None if running.source == "<bundled demo>" else running.source
+        new, problems = reread(path, running)
+        if new is None:
+            log.error("reload refused (%d problem(s)); the running config stays:", len(problems))
+            for problem in problems:
+                log.error("  %s", problem)
+            return
+        plan = plan_reload(running, new)
+        if plan.sinks_changed and self.sink_set is not None:
+            try:
+                self.sink_set.reconfigure(new.sinks)
+            except StartupError as exc:
+                log.error("reload refused: %s; the running config stays", exc)
+                return
+            self.sinks = self.sink_set.sinks
+        # What a reload applies: streams and sinks; the rest of the running config stays until a restart.
+        self.config = dataclasses.replace(running, streams=new.streams, sinks=new.sinks)
+        going = {s.id for s in plan.changed} | set(plan.removed)
+        moving: list[str] = []
+        for w in self.workers:
+            if w.retired or w.done or w.gave_up or not going & set(w.stream_ids):
+                continue
+            w.retired = True
+            self._send(w, ("stop",))  # drains what is in flight; every line it wrote stays
+            moving += [sid for sid in w.stream_ids if sid not in going]
+        for sid in plan.removed:
+            self._owner.pop(sid, None)
+        if moving:
+            log.warning(
+                "reload: stream(s) %s shared a worker with a changed stream; they move", ", ".join(moving)
+            )
+            self._waiting.append(tuple(moving))
+        starting = tuple(s.id for s in (*plan.added, *plan.changed))
+        if starting:
+            self._waiting.append(starting)
+        self._spawn_waiting()
+        log.info("reload: %s", plan.describe())
+        if plan.model_changed or plan.needs_restart:
+            what = [*(["model/engine"] if plan.model_changed else []), *plan.needs_restart]
+            log.warning("reload: %s changed; that needs a restart (kept the running one)", ", ".join(what))
+
+    def _spawn_waiting(self) -> None:
+        """Start the workers a reload asked for once no older worker still carries one of their streams
+        (frame numbers continue from the old worker's last line)."""
+        for group in list(self._waiting):
+            busy = any(
+                w.alive and not w.done and set(w.stream_ids) & set(group) for w in self.workers if w.retired
+            )
+            if busy or self.stop.is_set():
+                continue
+            self._waiting.remove(group)
+            devices = self.config.pipeline.devices or (self.config.engine.device,)
+            w = _Worker(len(self.workers), group, devices[len(self.workers) % len(devices)])
+            self.workers.append(w)
+            for sid in group:
+                self._owner[sid] = w
+            self._spawn(w)
+
     # -- status ----------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""
         elapsed = max(time.monotonic() - self._t0, 1e-9)
         per_stream: dict[str, dict[str, Any]] = {}
         for w in self.workers:
+            if w.retired:  # a reload moved or removed its streams
+                continue
             current = w.stats.get("per_stream", {})
             for sid in w.stream_ids:
                 s = dict(current.get(sid, {}))
@@ -547,6 +628,9 @@ class Supervisor:
             self._reopen.clear()
             if self.sink_set is not None:
                 self.sink_set.reopen()
+            if self._announced and not self.stop.is_set():
+                self._reload()
+        self._spawn_waiting()
         if now - self._last_status >= 5:
             s = self.snapshot()
             systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped")

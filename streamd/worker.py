@@ -36,10 +36,11 @@ from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
 from streamd.ingest import StreamWorker
 from streamd.metrics import LatencyHistograms
 from streamd.pipeline.batcher import Batcher
+from streamd.pipeline.cpu_stages import CpuStages
 from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resolve_layout
 from streamd.pipeline.preprocess import PreprocessSpec
 from streamd.pipeline.scheduler import Scheduler
-from streamd.pipeline.stages import CpuStages, Stages
+from streamd.pipeline.stages import Stages
 from streamd.sinks.record import to_json_line
 from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamd.engines import EngineError, create_engine
-from streamd.engines.base import backend_order
+from streamd.engines.registry import backend_order
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE
 from tests.engines.fake_tensorrt import make_fakes
 from tests.engines.tiny_models import make_detector
@@ -31,15 +31,15 @@ def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> object:
 
     monkeypatch.setattr(module.Builder, "build_serialized_network", no_plan)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr("streamd.engines._cuda.DriverCuda", lambda device=0: cuda)
-    monkeypatch.setattr("streamd.engines.base._gpu_available", lambda: True)
-    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: False)
+    monkeypatch.setattr("streamd.gpu.driver_api.DriverApi", lambda device=0: cuda)
+    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: False)
     return module
 
 
 def test_auto_order_on_a_gpu_box_with_tensorrt(broken_tensorrt, monkeypatch) -> None:
     assert backend_order("auto") == ["tensorrt", "onnxruntime"]
-    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
     assert backend_order("auto") == ["tensorrt", "torch", "onnxruntime"]
     assert backend_order("tensorrt") == ["tensorrt"]
 
@@ -65,7 +65,7 @@ def test_named_tensorrt_fails_with_its_reason_and_69(broken_tensorrt, tiny, tmp_
 def test_each_failing_engine_gets_one_warning(broken_tensorrt, tiny, tmp_path, monkeypatch, caplog) -> None:
     """TensorRT fails to build, torch (asked for CUDA on a box without it) fails to load, ORT runs."""
     pytest.importorskip("torch")
-    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
     engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path)
     engine.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

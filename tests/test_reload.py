@@ -37,3 +37,113 @@ def test_a_bad_config_on_reload_gives_the_check_messages(tmp_path) -> None:
     assert new is None and problems
     assert all(p.startswith(f"{tmp_path / 'c.yaml'}:") for p in problems), problems
     assert any("streams[1]" in p for p in problems), problems
+
+
+def test_live_reload_adds_and_removes_a_stream_without_a_gap(tmp_path, assets) -> None:
+    """5 reloads adding and removing a stream while another loops, one refused bad config in between: the
+    untouched stream's frame indices stay contiguous; systemd hears RELOADING=1 + MONOTONIC_USEC, READY=1."""
+    import contextlib
+    import itertools
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "live.yaml"
+    loop = f"  - id: loop\n    url: {CLIP_HEVC}\n    loop: true\n"
+    extra = f"  - id: extra\n    url: {CLIP_HEVC}\n    loop: true\n"
+    sinks = f"  - type: jsonl\n    path: {out}\n"
+    second = tmp_path / "second.jsonl"
+    write(cfg, loop, sinks)
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.setblocking(False)
+    err_path = tmp_path / "stderr.txt"
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "PYTHONUNBUFFERED": "1"}
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+    def lines(stream: str) -> list[int]:
+        if not out.exists():
+            return []
+        return [r["frame"] for r in map(json.loads, out.read_text().splitlines()) if r["stream"] == stream]
+
+    def wait(predicate, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {err_path.read_text()[-3000:]}")
+
+    messages: list[str] = []
+
+    def notes() -> list[str]:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                messages.extend(sock.recv(4096).decode().splitlines())
+        return messages
+
+    try:
+        wait(lambda: len(lines("loop")) >= 20, "the first lines")
+        for n in range(1, 6):
+            adding = n % 2 == 1
+            more = f"  - type: jsonl\n    path: {second}\n" if n == 3 else ""  # a sink for one round
+            write(cfg, loop + (extra if adding else ""), sinks + more)
+            before = len(lines("extra"))
+            proc.send_signal(signal.SIGHUP)
+            if adding:
+                wait(lambda before=before: len(lines("extra")) >= before + 10, f"reload {n}: extra writes")
+            else:
+                wait(lambda n=n: err_path.read_text().count("reload: ") >= n, f"reload {n}: extra removed")
+                seen = [len(lines("extra"))]  # its worker drains what was in flight, then nothing comes
+
+                def settled(seen=seen) -> bool:
+                    time.sleep(1.0)
+                    seen.append(len(lines("extra")))
+                    return len(seen) >= 4 and seen[-1] == seen[-4]
+
+                wait(settled, f"reload {n}: extra stops writing", timeout=60)
+            wait(lambda n=n: notes().count("READY=1") >= n + 1, f"READY=1 after reload {n}")
+        cfg.write_text(cfg.read_text().replace("loop: true", "loop: maybe", 1))  # invalid: refused
+        proc.send_signal(signal.SIGHUP)
+        wait(lambda: "reload refused" in err_path.read_text(), "the refusal")
+        count = len(lines("loop"))
+        wait(lambda: len(lines("loop")) >= count + 20, "the old config still running")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        notes()
+        sock.close()
+    stderr = err_path.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    frames = lines("loop")
+    extra_frames = lines("extra")
+    gaps = sum(1 for a, b in itertools.pairwise(frames) if b != a + 1)
+    print(f"loop: {len(frames)} frames, gaps {gaps}; "
+          f"extra: {len(extra_frames)}; RELOADING=1 x{messages.count('RELOADING=1')}, "
+          f"READY=1 x{messages.count('READY=1')}")  # fmt: skip
+    assert frames == list(range(len(frames))), "the untouched stream: no gap, no repeat"
+    assert extra_frames == sorted(extra_frames) and len(set(extra_frames)) == len(extra_frames)
+    assert (
+        messages.count("RELOADING=1") == 6 and any
+    )  # 5 applied + 1 refused(m.startswith("MONOTONIC_USEC=") for m in messages)
+    added_sink = [
+        r["frame"] for r in map(json.loads, second.read_text().splitlines()) if r["stream"] == "loop"
+    ]
+    assert added_sink and added_sink == list(range(added_sink[0], added_sink[-1] + 1)), (
+        "sink added for a round"
+    )
+    assert added_sink[-1] < frames[-1], "and removed again"
+    assert "streams[0].loop" in stderr and "true or false" in stderr, "the same message as streamd check"

@@ -155,8 +155,9 @@ class _Gpu:
         """``device`` | ``host`` | ``array`` | ``unified`` | ``unknown``: where ``ptr`` lives."""
         drv = self._drv
         attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-        err, value = drv.cuPointerGetAttribute(attr, ptr)
-        if err != drv.CUresult.CUDA_SUCCESS:
+        try:
+            value = self._cuda.check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute")
+        except self._cuda.CUDAError:
             return "unknown"
         names = {1: "host", 2: "device", 3: "array", 4: "unified"}
         return names.get(int(value), "unknown")

@@ -1,5 +1,11 @@
-"""Inference engines behind one interface; backends are imported lazily by name (see ``create_engine``)."""
+"""Inference engines behind one interface; backends are imported lazily by name (see ``create_engine``).
 
-from streamd.engines.base import Engine, EngineError, create_engine
+``create_engine`` chooses, loads and checks a backend; with ``engine.type: auto`` a backend that fails (to
+import, build, load, or pass ``streamd.engines.verify``'s start-up check) is logged once and the next one in
+``backend_order`` is tried.
+"""
 
-__all__ = ["Engine", "EngineError", "create_engine"]
+from streamd.engines.base import Engine, EngineError
+from streamd.engines.registry import backend_order, create_engine, next_backend
+
+__all__ = ["Engine", "EngineError", "backend_order", "create_engine", "next_backend"]

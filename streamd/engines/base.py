@@ -1,4 +1,4 @@
-"""The engine contract and the backend registry.
+"""The engine contract: the ``Engine`` protocol, ``EngineError`` and buffer sizes.
 
 Two ways to run a loaded model, chosen by ``Engine.on_device``:
 
@@ -14,27 +14,16 @@ Two ways to run a loaded model, chosen by ``Engine.on_device``:
   still run one after the other on the GPU, and the buffers of a call may be reused as soon as the caller's
   own events say the GPU has passed it.
 
-``create_engine`` picks the backend by name and imports its module only then, so the CPU path never
-imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
-works, else ONNX Runtime on the CPU. When the chosen backend fails to import, build, load or pass its
-start-up check (``streamd.engines.verify``), ``auto`` says why in one warning and takes the next one
-(``backend_order``).
+Backends are chosen, loaded and checked by ``streamd.engines.registry.create_engine``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
-import sys
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE, StartupError
-
-log = logging.getLogger(__name__)
+from streamd.exitcodes import EX_UNAVAILABLE, StartupError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -78,82 +67,6 @@ class Engine(Protocol):
         ...
 
 
-class ImageByImage:
-    """A batch-1 engine serving batches of up to ``max_batch`` one image at a time (models whose ONNX fixes
-    the batch at 1 and cannot be proven equivalent with a dynamic batch). Everything else is the engine's."""
-
-    def __init__(self, engine: Engine, max_batch: int) -> None:
-        self.engine = engine
-        self.max_batch = max_batch
-        self._in_bytes = input_nbytes(engine, 1)
-        self._out_bytes = output_nbytes(engine, 1)
-
-    def __getattr__(self, name: str) -> Any:  # name, on_device, shapes, dtypes, backend extras
-        return getattr(self.engine, name)
-
-    def infer(self, batch: np.ndarray) -> np.ndarray:
-        if len(batch) > self.max_batch:
-            raise EngineError(f"{self.engine.name}: batch {len(batch)} > max_batch {self.max_batch}")
-        return np.concatenate([self.engine.infer(batch[i : i + 1]) for i in range(len(batch))])
-
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
-        if not 1 <= batch <= self.max_batch:
-            raise EngineError(f"{self.engine.name}: batch {batch} outside 1..{self.max_batch}")
-        for i in range(batch):
-            self.engine.enqueue(input_ptr + i * self._in_bytes, output_ptr + i * self._out_bytes, 1, stream)
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-def _fixed_batch(engine: Engine, max_batch: int, model_path: Path) -> Engine:
-    """The engine for a model whose batch is fixed below ``max_batch``: batch 1 runs image by image."""
-    if engine.max_batch != 1:
-        engine.close()
-        raise EngineError(
-            f"model.path: {model_path.name} has its batch fixed at {engine.max_batch}; streamd runs a fixed "
-            "batch only when it is 1 (image by image): export the model with a dynamic batch or batch 1",
-            EX_CONFIG,
-        )
-    log.info(
-        "engine: %s fixes its batch at 1 and cannot be made batch-dynamic: batches of up to %d run "
-        "image by image",
-        model_path.name,
-        max_batch,
-    )
-    return ImageByImage(engine, max_batch)
-
-
-def _load(
-    name: str, model_path: Path, max_batch: int, precision: str, threads: int, options: dict[str, Any]
-) -> Engine:
-    """Import the backend, build/load the engine and run its start-up check (closed again if that fails)."""
-    if name not in BACKENDS:
-        raise EngineError(
-            f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(BACKENDS)}", EX_CONFIG
-        )
-    module_name, factory = BACKENDS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EngineError(f"engine.type: backend {name!r} cannot be imported here: {exc}") from exc
-    engine: Engine = getattr(module, factory)(
-        model_path, max_batch=max_batch, precision=precision, threads=threads, **options
-    )
-    from streamd.engines.verify import check_created
-
-    check_created(engine, model_path, precision, options)  # closes the engine if it fails
-    return engine
-
-
-def _as_engine_error(name: str, exc: Exception) -> EngineError:
-    """A backend's failure as an EngineError; a library's own exception is named, with the backend."""
-    if isinstance(exc, EngineError):
-        return exc
-    log.debug("engine %s failed", name, exc_info=exc)
-    return EngineError(f"engine {name}: {type(exc).__name__}: {exc}")
-
-
 def output_nbytes(engine: Engine, batch: int) -> int:
     """Bytes of the output buffer ``enqueue`` writes for ``batch`` images."""
     per_image = int(np.prod(engine.output_shape[1:], dtype=np.int64))
@@ -163,132 +76,3 @@ def output_nbytes(engine: Engine, batch: int) -> int:
 def input_nbytes(engine: Engine, batch: int) -> int:
     """Bytes of the input buffer ``enqueue`` reads for ``batch`` images."""
     return batch * int(np.prod(engine.input_shape, dtype=np.int64)) * engine.input_dtype.itemsize
-
-
-# name -> "module:factory"; modules are imported only when chosen, so the CPU path never imports CUDA.
-BACKENDS: dict[str, str] = {
-    "onnxruntime": "streamd.engines.onnxruntime:OnnxRuntimeEngine",
-    "torch": "streamd.engines.torch:TorchEngine",
-    "tensorrt": "streamd.engines.tensorrt:TensorRTEngine",
-}
-
-
-def _gpu_available() -> bool:
-    """True when an NVIDIA GPU is usable: torch sees CUDA, or the CUDA driver API reports a device."""
-    if importlib.util.find_spec("torch") is not None:
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return True
-        except Exception:  # a broken torch install must not stop the CPU path
-            pass
-    try:
-        from streamd.engines._cuda import device_count
-
-        return device_count() > 0
-    except Exception:  # no cuda-python, no driver, no device
-        return False
-
-
-def _torch_cuda_available() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def choose_backend(requested: str) -> str:
-    """Resolve ``auto`` to the best backend this machine has (see module docstring); any other name is
-    returned unchanged."""
-    if requested != "auto":
-        return requested
-    if _importable("tensorrt") and _gpu_available():
-        return "tensorrt"
-    if _torch_cuda_available():
-        return "torch"
-    return "onnxruntime"
-
-
-def next_backend(name: str) -> str | None:
-    """The backend ``auto`` falls back to when ``name`` fails: TensorRT -> torch (if CUDA works) -> ONNX
-    Runtime -> none."""
-    if name == "tensorrt":
-        return "torch" if _torch_cuda_available() else "onnxruntime"
-    if name == "torch":
-        return "onnxruntime"
-    return None
-
-
-def backend_order(requested: str) -> list[str]:
-    """The backends ``create_engine`` tries, in order: ``auto`` = ``choose_backend`` then each fallback; a
-    named backend alone (it fails rather than silently running something else)."""
-    order = [choose_backend(requested)]
-    while requested == "auto" and (following := next_backend(order[-1])) is not None:
-        order.append(following)
-    return order
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ValueError, ImportError):  # in sys.modules without a spec (a stand-in), or a broken package
-        return module in sys.modules
-
-
-def create_engine(
-    requested: str,
-    model_path: Path,
-    *,
-    max_batch: int,
-    precision: str = "fp32",
-    threads: int = 0,
-    **options: Any,
-) -> Engine:
-    """Load ``model_path`` with the requested backend (``auto``: the best one that works, see module
-    docstring).
-
-    ``options`` are passed to the backend: ``device`` (CUDA device index), ``cache_dir`` (where built engines
-    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), ``verify``
-    (a ``streamd.engines.verify.VerifyPlan``, True = default plan, False = skip the start-up check), and
-    backend-specific ones documented on each engine class. Unknown options are ignored by every backend.
-    Raises ``EngineError`` (a ``StartupError``: its ``code`` is the exit code) when no backend can run it.
-    """
-    if precision not in PRECISIONS:
-        raise EngineError(
-            f"engine.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}", EX_CONFIG
-        )
-    if max_batch < 1:
-        raise EngineError(f"engine.max_batch: expected ≥ 1, got {max_batch}", EX_CONFIG)
-    order = backend_order(requested)
-    for index, name in enumerate(order):
-        try:
-            engine = _load(name, Path(model_path), max_batch, precision, threads, options)
-            break
-        except Exception as exc:
-            error = _as_engine_error(name, exc)
-            if index + 1 == len(order):
-                if error is exc:
-                    raise
-                raise error from exc
-            from streamd.engines.verify import VerificationError
-
-            what = "refused at start-up" if isinstance(exc, VerificationError) else "could not be brought up"
-            log.warning(
-                "engine: %s %s (%s); engine.type auto falls back to %s", name, what, error, order[index + 1]
-            )
-    if engine.max_batch < max_batch:
-        engine = _fixed_batch(engine, max_batch, Path(model_path))
-    log.info(
-        "engine: %s (%s, max batch %d, %s in, %s out)",
-        engine.name,
-        Path(model_path).name,
-        engine.max_batch,
-        engine.input_dtype,
-        engine.output_dtype,
-    )
-    return engine

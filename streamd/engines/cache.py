@@ -21,13 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamd.resources import default_cache_dir
+
 CACHE_FORMAT = 1  # bump when the key's meaning changes
-
-
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/streamd`` or ``~/.cache/streamd`` (the config's ``engine.cache_dir`` default)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "streamd"
 
 
 def engines_dir(cache_dir: Path | str | None) -> Path:

@@ -23,15 +23,15 @@ from typing import Any, cast
 import numpy as np
 
 from streamd.engines import trt_build
-from streamd.engines._cuda import CudaApi
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
 from streamd.engines.progress import BuildProgress, Fanout, LogProgress, SystemdKeepalive
 from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
+from streamd.gpu.cuda import CUDAError
+from streamd.gpu.driver_api import CudaApi
+from streamd.gpu.graph_cache import GraphCache, GraphKey
 
 log = logging.getLogger(__name__)
-
-MAX_GRAPHS = 512  # captured (batch, input, output) triples kept; the oldest is dropped beyond that
 
 
 def load_tensorrt() -> TensorRTModule:
@@ -132,10 +132,10 @@ class TensorRTEngine:
         self._closed = True  # until everything below exists
         self.trt = trt = load_tensorrt()
         self._own_cuda: Any = None
-        if cuda_api is None:
-            from streamd.engines._cuda import DriverCuda
+        if cuda_api is None:  # the one seam: tests pass a fake CudaApi
+            from streamd.gpu.driver_api import DriverApi
 
-            cuda_api = self._own_cuda = DriverCuda(device)
+            cuda_api = self._own_cuda = DriverApi(device)
         self.cuda: CudaApi = cuda_api
         self.device = device
         self.cuda_graphs = cuda_graphs
@@ -171,8 +171,7 @@ class TensorRTEngine:
         self._inspect_io()
         self.name = f"tensorrt-{trt.__version__}-{precision}"
         self._bound: tuple[int, int, int] | None = None  # (batch, input ptr, output ptr) set on the context
-        self._graphs: dict[tuple[int, int, int], int] = {}
-        self._graph_failed: set[tuple[int, int]] = set()  # (batch, stream): capture does not work there
+        self._graphs: GraphCache[int] = GraphCache(self.cuda.graph_destroy)  # failures per (batch, stream)
         self._lock = threading.Lock()
         self._done = self.cuda.event_create()
         self._last_stream: int | None = None
@@ -265,33 +264,30 @@ class TensorRTEngine:
             else:
                 self._bind(batch, input_ptr, output_ptr)
                 self._execute(stream)  # also the warm-up TensorRT needs after a shape change, before capture
-                if graphs and (batch, stream) not in self._graph_failed:
+                if graphs and not self._graphs.failed((batch, stream)):
                     self._capture(key, stream)
             cuda.event_record(self._done, stream)
             self._last_stream = stream
 
-    def _capture(self, key: tuple[int, int, int], stream: int) -> None:
+    def _capture(self, key: GraphKey, stream: int) -> None:
         cuda = self.cuda
         try:
             cuda.begin_capture(stream)
-        except EngineError as exc:
+        except CUDAError as exc:
             log.warning(
                 "TensorRT: no CUDA graph for batch %d on this stream (%s); running without", key[0], exc
             )
-            self._graph_failed.add((key[0], stream))
+            self._graphs.fail((key[0], stream))
             return
         try:
             self._execute(stream)
             graph = cuda.end_capture(stream)
-        except EngineError as exc:
+        except (CUDAError, EngineError) as exc:
             cuda.abort_capture(stream)
             log.warning("TensorRT: CUDA graph capture failed for batch %d (%s); running without", key[0], exc)
-            self._graph_failed.add((key[0], stream))
+            self._graphs.fail((key[0], stream))
             return
-        if len(self._graphs) >= MAX_GRAPHS:
-            oldest = next(iter(self._graphs))
-            cuda.graph_destroy(self._graphs.pop(oldest))
-        self._graphs[key] = graph
+        self._graphs.add(key, graph)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Host round trip (tests and tools): copy in, enqueue on a private stream, wait, copy out."""
@@ -319,8 +315,6 @@ class TensorRTEngine:
         if self._closed:
             return
         self._closed = True
-        for graph in self._graphs.values():
-            self.cuda.graph_destroy(graph)
         self._graphs.clear()
         self.cuda.event_destroy(self._done)
         del self.context

@@ -27,10 +27,10 @@ import numpy as np
 
 from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
+from streamd.gpu.graph_cache import MAX_GRAPHS, GraphCache
 
 log = logging.getLogger(__name__)
 
-MAX_GRAPHS = 512
 
 # onnx2torch module class -> argument positions it reads on the host (.tolist(), .item(), iteration).
 HOST_ARGS: dict[str, tuple[int, ...]] = {
@@ -257,8 +257,7 @@ class TorchEngine:
             out = self._forward(probe.to(self.device))
         self.output_shape = tuple(int(d) for d in out.shape)
         self._lock = threading.Lock()
-        self._graphs: dict[tuple[int, int, int], Any] = {}
-        self._graph_failed: set[int] = set()  # batch sizes whose capture failed
+        self._graphs: GraphCache[Any] = GraphCache()  # torch frees a dropped graph; failures per batch size
         self._streams: dict[int, Any] = {}
         self._views: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._last_stream: int | None = None
@@ -318,7 +317,7 @@ class TorchEngine:
                     x = self._view(input_ptr, (batch, *self.input_shape), self.input_dtype)
                     y = self._view(output_ptr, (batch, *self.output_shape[1:]), self.output_dtype)
                     self._run(x, y)  # the result of this call, and the warm-up before capture
-                    if self.cuda_graphs and batch not in self._graph_failed:
+                    if self.cuda_graphs and not self._graphs.failed(batch):
                         self._capture(key, x, y)
                 self._done.record(ext)
             self._last_stream = stream
@@ -333,11 +332,9 @@ class TorchEngine:
             log.warning(
                 "torch engine: CUDA graph capture failed for batch %d (%s); running eagerly", key[0], exc
             )
-            self._graph_failed.add(key[0])
+            self._graphs.fail(key[0])
             return
-        if len(self._graphs) >= MAX_GRAPHS:
-            self._graphs.pop(next(iter(self._graphs)))
-        self._graphs[key] = graph
+        self._graphs.add(key, graph)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Host arrays in and out. On the GPU: staged through max-batch device buffers and ``enqueue`` on a

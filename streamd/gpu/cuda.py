@@ -89,8 +89,34 @@ def _quiet(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
 
 
+def device_count() -> int:
+    """CUDA devices the driver sees; 0 without cuda-python, a driver or a device (never raises)."""
+    try:
+        drv = driver()
+        check(drv.cuInit(0), "cuInit")
+        return int(check(drv.cuDeviceGetCount(), "cuDeviceGetCount"))
+    except Exception:
+        return 0
+
+
+def device_info(device: int = 0) -> tuple[str, tuple[int, int]]:
+    """(GPU name, (compute capability major, minor)) of ``device``, without making a context."""
+    drv = driver()
+    check(drv.cuInit(0), "cuInit")
+    dev = check(drv.cuDeviceGet(device), f"cuDeviceGet({device})")
+    raw = check(drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    attr = drv.CUdevice_attribute
+    cc = (
+        check(drv.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{part}"), dev))
+        for part in ("MAJOR", "MINOR")
+    )
+    major, minor = (int(v) for v in cc)
+    return raw.split(b"\0", 1)[0].decode(errors="replace").strip(), (major, minor)
+
+
 def gpu_available(device: int = 0) -> tuple[bool, str]:
-    """Whether a CUDA device can be used here, and if not, why (for pytest skips and diagnostics)."""
+    """Whether CUDA device ``device`` can be used here, and if not, why. The one such check in streamd (the
+    engine choice, pytest skips and diagnostics all ask it)."""
     try:
         drv = driver()
         check(drv.cuInit(0), "cuInit")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamd.gpu.cuda import Context, CUDAError, Stream, _quiet, check, driver
-from streamd.resources import bundled_path
+from streamd.resources import bundled_path, default_cache_dir
 
 KERNEL_DIR = bundled_path("kernels")
 BASE_OPTIONS = ("-std=c++17",)
@@ -127,11 +127,6 @@ def _program_log(prog: Any) -> str:
     return buf.rstrip(b"\0 ").decode(errors="replace")
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "streamd" / "kernels"
-
-
 def cache_key(source: str, target: str, options: Sequence[str]) -> str:
     """Hex digest over source, target (``sm_90`` / ``compute_90``), options and NVRTC version."""
     h = hashlib.sha256()
@@ -226,7 +221,7 @@ class KernelLoader:
     ) -> None:
         self.ctx = ctx
         self.kernel_dir = Path(kernel_dir) if kernel_dir else KERNEL_DIR
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "kernels"
         self.options = tuple(options)
         major, minor = ctx.compute_capability
         self.arch = major * 10 + minor

@@ -20,7 +20,7 @@ import numpy as np
 
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod, device_pointer
 from streamd.gpu.kernels import KernelLoader
-from streamd.pipeline.preprocess import PreprocessSpec, compute_transform
+from streamd.pipeline.specs import PreprocessSpec, compute_transform
 from streamd.types import Transform
 
 # Mirrors struct FrameParams in kernels/preprocess.cu (8-byte fields first; 96 bytes).

@@ -29,7 +29,7 @@ from streamd.gpu.kernels import KernelLoader
 from streamd.gpu.postprocess import GpuPostprocessor, HostNmsResults, NmsResults
 from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface, PackedSurface, Surface
 from streamd.pipeline.postprocess import PostprocessSpec
-from streamd.pipeline.preprocess import PreprocessSpec
+from streamd.pipeline.specs import PreprocessSpec
 from streamd.pipeline.stages import Slot
 from streamd.types import Detections
 

@@ -1,23 +1,18 @@
-"""The three-stage slot contract and its CPU implementation.
+"""The three-stage slot contract (the CPU implementation is ``pipeline/cpu_stages.py``).
 
 A ``Slot`` owns everything one batch needs on its way through the pipeline, so K slots let K batches be in
 flight at once. The scheduler calls, for each batch and in this order, each from its own thread:
 ``preprocess`` (S1), ``infer`` (S2), ``postprocess`` (S3), then ``collect`` on the host. A GPU implementation
 only *enqueues* work on three CUDA streams chained by events and ``collect`` waits for the last event; the CPU
-implementation below does the work synchronously in each call, so the threads give the same overlap.
+implementation does the work synchronously in each call, so the threads give the same overlap.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from streamd.engines.base import Engine
-from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec
-from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
 from streamd.types import Detections, Frame, Transform
 
 
@@ -45,51 +40,3 @@ class Stages(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@dataclass(slots=True)
-class _CpuBuffers:
-    input: np.ndarray  # [max_batch, 3, H, W] float32
-    output: np.ndarray | None = None
-    detections: list[Detections] = field(default_factory=list)
-
-
-class CpuStages:
-    """OpenCV/numpy preprocess, a host engine, numpy NMS."""
-
-    def __init__(self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec) -> None:
-        if engine.on_device:
-            raise ValueError(f"CpuStages needs a host engine, got {engine.name}")
-        self.engine = engine
-        self._pre = CpuPreprocessor(pre)
-        self._post = CpuPostprocessor(post)
-        self._input_shape = (engine.max_batch, 3, pre.height, pre.width)
-
-    def new_slot(self, index: int) -> Slot:
-        return Slot(index, buffers=_CpuBuffers(np.empty(self._input_shape, np.float32)))
-
-    def preprocess(self, slot: Slot) -> None:
-        t = time.perf_counter()
-        buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        slot.transforms = [self._pre(f.image, buf.input[i]) for i, f in enumerate(slot.frames)]  # type: ignore[arg-type]
-        slot.stage_ms["preprocess"] = (time.perf_counter() - t) * 1e3
-
-    def infer(self, slot: Slot) -> None:
-        t = time.perf_counter()
-        buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        buf.output = self.engine.infer(buf.input[: len(slot.frames)])
-        slot.stage_ms["infer"] = (time.perf_counter() - t) * 1e3
-
-    def postprocess(self, slot: Slot) -> None:
-        t = time.perf_counter()
-        buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        buf.detections = self._post(buf.output, [f.stream_id for f in slot.frames])  # type: ignore[arg-type]
-        buf.output = None
-        slot.stage_ms["postprocess"] = (time.perf_counter() - t) * 1e3
-
-    def collect(self, slot: Slot) -> list[Detections]:
-        buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        return buf.detections
-
-    def close(self) -> None:
-        self.engine.close()

@@ -7,12 +7,10 @@ Pick one with ``backend="pyav" | "opencv" | "auto"``. Backends are imported lazi
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
+from streamd.sources.backends import BACKENDS, available_backends, default_backend, demuxer_class
 from streamd.sources.base import Demuxer, Packet, SourceEnded, SourceError, SourceTimeout, VideoInfo
-
-BACKENDS = ("pyav", "opencv")
 
 __all__ = [
     "BACKENDS",
@@ -27,33 +25,6 @@ __all__ = [
     "demuxer_class",
     "open_stream",
 ]
-
-
-def available_backends() -> list[str]:
-    modules = {"pyav": "av", "opencv": "cv2"}
-    return [b for b in BACKENDS if importlib.util.find_spec(modules[b]) is not None]
-
-
-def default_backend() -> str:
-    """``pyav`` when PyAV is installed, else ``opencv``."""
-    found = available_backends()
-    if not found:
-        raise SourceError("no demux backend: install PyAV (av) or opencv-python-headless")
-    return found[0]
-
-
-def demuxer_class(backend: str = "auto") -> Any:
-    """The demuxer class of ``backend`` (``auto``: :func:`default_backend`)."""
-    name = default_backend() if backend == "auto" else backend
-    if name == "pyav":
-        from streamd.sources.pyav import PyAVDemuxer
-
-        return PyAVDemuxer
-    if name == "opencv":
-        from streamd.sources.opencv import OpenCVDemuxer
-
-        return OpenCVDemuxer
-    raise ValueError(f"demux backend: expected one of {', '.join(('auto', *BACKENDS))}, got {backend!r}")
 
 
 def open_stream(cfg: Any, *, annexb: bool = False, backend: str = "auto") -> Demuxer:

@@ -19,7 +19,7 @@ def open_file(
     backend: str = "auto",
 ) -> Demuxer:
     """Open a video file; raises SourceError when it is missing, unreadable or has no video stream."""
-    from streamd.sources import demuxer_class
+    from streamd.sources.backends import demuxer_class
 
     if not path.is_file():
         raise SourceError(f"{path}: no such file")

@@ -41,7 +41,7 @@ def open_rtsp(
     backend: str = "auto",
 ) -> Demuxer:
     """Open one RTSP session; raises SourceError (SourceTimeout: silent server), credentials redacted."""
-    from streamd.sources import demuxer_class
+    from streamd.sources.backends import demuxer_class
 
     cls = demuxer_class(backend)
     return cls(

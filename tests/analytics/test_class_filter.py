@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from streamd.gpu.reference import synthetic_output
 from streamd.pipeline.postprocess import ClassThresholds, CpuPostprocessor, PostprocessSpec
+from tests.gpu.reference import synthetic_output
 
 
 def yolov8(boxes: list[tuple[float, float, float, float]], scores: list[list[float]]) -> np.ndarray:

@@ -38,7 +38,7 @@ def fake_trt(
     which also stands in for ``DriverCuda`` (so code that builds its own CUDA helper gets the fake)."""
     module, cuda = make_fakes(request.param)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr("streamd.engines._cuda.DriverCuda", lambda device=0: cuda)
+    monkeypatch.setattr("streamd.gpu.driver_api.DriverApi", lambda device=0: cuda)
     yield module, cuda
 
 

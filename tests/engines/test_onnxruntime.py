@@ -15,8 +15,9 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
 from streamd.engines import Engine, create_engine, onnx_tools
-from streamd.engines.base import EngineError, choose_backend, input_nbytes, output_nbytes
+from streamd.engines.base import EngineError, input_nbytes, output_nbytes
 from streamd.engines.onnxruntime import OnnxRuntimeEngine
+from streamd.engines.registry import choose_backend
 from tests.engines.tiny_models import random_images
 
 _RealSession = ort.InferenceSession
@@ -67,10 +68,10 @@ def test_bad_model_and_options(tmp_path, models):
 
 
 def test_auto_falls_back_to_onnxruntime_without_gpu(monkeypatch):
-    monkeypatch.setattr("streamd.engines.base._gpu_available", lambda: False)
-    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: False)
+    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: False)
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: False)
     assert choose_backend("auto") == "onnxruntime"
-    monkeypatch.setattr("streamd.engines.base._torch_cuda_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no tensorrt
     assert choose_backend("auto") == "torch"
 

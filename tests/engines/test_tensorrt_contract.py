@@ -23,9 +23,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamd.engines import create_engine
-from streamd.engines.base import EngineError, choose_backend
+from streamd.engines.base import EngineError
 from streamd.engines.build import add_build_engine_parser, run_build_engine
 from streamd.engines.progress import ConsoleProgress
+from streamd.engines.registry import choose_backend
 from streamd.engines.tensorrt import TensorRTEngine
 from tests.engines.tiny_models import random_images
 
@@ -280,7 +281,7 @@ def test_create_engine_and_auto_choice(fake_trt, models, tmp_path, monkeypatch):
     # the start-up check ran (fake TensorRT computes with ONNX Runtime) and its verdict sits beside the plan
     assert e.verification["passed"] and not e.verification["cached"]
     assert e.plan.path.with_name(e.plan.path.name + ".verify.json").exists()
-    monkeypatch.setattr("streamd.engines.base._gpu_available", lambda: True)
+    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: True)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "tensorrt" else None)
     assert choose_backend("auto") == "tensorrt"
 

@@ -97,7 +97,7 @@ def test_a_cached_failure_is_refused_without_running_again(
 def test_auto_falls_back_to_onnxruntime(
     torch_ready, tf_style, tmp_path, broken_conversion, monkeypatch, caplog
 ):
-    monkeypatch.setattr("streamd.engines.base.choose_backend", lambda requested: "torch")
+    monkeypatch.setattr("streamd.engines.registry.choose_backend", lambda requested: "torch")
     engine = create_engine("auto", tf_style, max_batch=2, device="cpu", verify=PLAN, cache_dir=tmp_path)
     assert engine.name == "onnxruntime-cpu"
     assert "torch refused at start-up" in caplog.text and "falls back to onnxruntime" in caplog.text

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamd.gpu.reference import synthetic_output
 from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections
 from tests.conftest import CLIP, MODEL
 from tests.gpu._helpers import POISON, to_device
+from tests.gpu.reference import synthetic_output
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """GPU preprocess vs its CPU twin, on the device.
 
-The reference for NV12 input converts NV12 -> BGR in float (streamd.gpu.reference, independent of the
+The reference for NV12 input converts NV12 -> BGR in float (tests/gpu/reference.py, independent of the
 kernel) and hands the float image to the CPU twin (``CpuPreprocessor``: cv2.resize INTER_LINEAR, pad,
 normalise). Packed BGR/RGB input goes straight to the CPU twin. Max abs error <= 1e-3 (float32) and <= 1e-2
 (float16); outputs are poisoned (NaN) before each run and a guard region after the tensor must stay poisoned.
@@ -14,10 +14,10 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.gpu.reference import bgr_to_nv12, nv12_to_bgr_float, random_nv12
 from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec, compute_transform
 from tests.conftest import CLIP
 from tests.gpu._helpers import POISON, from_device
+from tests.gpu.reference import bgr_to_nv12, nv12_to_bgr_float, random_nv12
 
 pytestmark = pytest.mark.gpu
 

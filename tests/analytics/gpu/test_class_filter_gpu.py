@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-from streamd.gpu.reference import synthetic_output
 from streamd.pipeline.postprocess import ClassThresholds, CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections
 from tests.conftest import CLIP, MODEL
+from tests.gpu.reference import synthetic_output
 
 pytestmark = pytest.mark.gpu
 

@@ -551,9 +551,9 @@ class FakeCuda:
 
     def begin_capture(self, stream: int) -> None:
         if self.fail_capture:
-            from streamd.engines._cuda import CudaError
+            from streamd.gpu.cuda import CUDAError
 
-            raise CudaError("cuStreamBeginCapture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: fake")
+            raise CUDAError("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "fake", "cuStreamBeginCapture")
         assert stream not in self._capturing
         self._capturing[stream] = []
         self.calls.append(("begin_capture", stream))
@@ -598,7 +598,7 @@ class FakeCuda:
     def copy_to_host(self, dst: np.ndarray, src: int) -> None:
         ctypes.memmove(dst.ctypes.data, src, dst.nbytes)
 
-    def close(self) -> None:  # DriverCuda's (the engine closes a helper it made itself)
+    def close(self) -> None:  # DriverApi's (the engine closes a helper it made itself)
         self.calls.append(("close",))
 
 

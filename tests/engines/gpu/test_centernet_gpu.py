@@ -83,7 +83,7 @@ def test_centernet_before_the_fix_is_refused_and_auto_falls_back(tmp_path, monke
         create_engine(
             "torch", MODEL, max_batch=1, precision="fp16", device=0, cache_dir=tmp_path, verify=PLAN
         )
-    monkeypatch.setattr("streamd.engines.base.choose_backend", lambda requested: "torch")
+    monkeypatch.setattr("streamd.engines.registry.choose_backend", lambda requested: "torch")
     engine = create_engine(
         "auto", MODEL, max_batch=1, precision="fp16", device=0, cache_dir=tmp_path, verify=PLAN
     )

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def cuda():
-    from streamd.engines._cuda import DriverCuda
+    from streamd.gpu.driver_api import DriverApi
 
     torch.cuda.init()  # the primary context, shared with torch
-    api = DriverCuda(0)
+    api = DriverApi(0)
     yield api
     api.close()
     api.close()
