@@ -146,6 +146,10 @@ class Supervisor:
             self._abort.set()  # second Ctrl-C: do not wait for the drain
         self.stop.set()
 
+    def _outputs_gone(self) -> None:
+        """Every sink's reader left (``streamd run | head``): stop like a Unix tool (exit 0)."""
+        self.stop.set()
+
     # -- lifecycle -------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run to completion (every stream ended) or until signalled; returns the process exit code."""
@@ -187,7 +191,7 @@ class Supervisor:
                     "pick another port",
                     EX_UNAVAILABLE,
                 ) from exc
-        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self.stop.set)  # every reader left: stop
+        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self._outputs_gone)  # every reader left: stop
         try:  # open outputs before any model loads: an unwritable file fails now, not after minutes
             sink_set.start()
         except (StartupError, OSError) as exc:
@@ -232,7 +236,9 @@ class Supervisor:
                 systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             if self.stop.is_set():
                 self._stop_workers(abort=self._abort.is_set())
-                if self._abort.is_set():
+                if self.sink_set is not None and self.sink_set.all_gone:
+                    log.info("streamd: stopped: every output was closed by its reader")
+                elif self._abort.is_set():
                     log.info("streamd: stopped by signal; frames in flight were not drained")
                 else:
                     log.info("streamd: stopped by signal after draining frames in flight")
