@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 Snapshot = Callable[[], dict]
 FrameSnapshot = Callable[[str], "bytes | None"]
 
-LATENCY_STAGES = ("decode", "queue", "preprocess", "infer", "postprocess", "batch", "total")
+LATENCY_STAGES = ("decode", "queue", "preprocess", "infer", "postprocess", "batch", "total", "arrival")
 LATENCY_BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 STATES = ("starting", "running", "reconnecting", "stalled", "ended", "failed")
 COUNTERS = {
@@ -192,7 +192,7 @@ class SnapshotCollector(Collector):
         yield from (fps, up, state, stalled)
         latency = HistogramMetricFamily(
             "streamd_latency_seconds",
-            "Per-stage latency of frame results (total = decode start to result).",
+            "Per-stage latency of frame results (total: decode start to result; arrival: packet to result).",
             labels=[*labels, "stage"],
         )
         bounds = [str(b / 1000) for b in LATENCY_BUCKETS_MS] + ["+Inf"]

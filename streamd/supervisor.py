@@ -135,6 +135,7 @@ class Supervisor:
         self.sink_set: SinkSet | None = None
         self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate), then reload the config
         self._waiting: list[tuple[str, ...]] = []  # reload: stream groups whose old worker still drains
+        self._leaving: dict[str, _Worker] = {}  # reload: removed streams whose worker still drains
         self.ready_at = self.last_result_at = 0.0  # perf_counter: every worker ready / last result received
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
@@ -148,6 +149,10 @@ class Supervisor:
             return
         if self.stop.is_set() and signum == signal.SIGINT:
             self._abort.set()  # second Ctrl-C: do not wait for the drain
+        self.stop.set()
+
+    def _outputs_gone(self) -> None:
+        """Every sink's reader left (``streamd run | head``): stop like a Unix tool (exit 0)."""
         self.stop.set()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -191,7 +196,7 @@ class Supervisor:
                     "pick another port",
                     EX_UNAVAILABLE,
                 ) from exc
-        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self.stop.set)  # every reader left: stop
+        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self._outputs_gone)  # every reader left: stop
         try:  # open outputs before any model loads: an unwritable file fails now, not after minutes
             sink_set.start()
         except (StartupError, OSError) as exc:
@@ -236,7 +241,9 @@ class Supervisor:
                 systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             if self.stop.is_set():
                 self._stop_workers(abort=self._abort.is_set())
-                if self._abort.is_set():
+                if self.sink_set is not None and self.sink_set.all_gone:
+                    log.info("streamd: stopped: every output was closed by its reader")
+                elif self._abort.is_set():
                     log.info("streamd: stopped by signal; frames in flight were not drained")
                 else:
                     log.info("streamd: stopped by signal after draining frames in flight")
@@ -518,7 +525,9 @@ class Supervisor:
             self._send(w, ("stop",))  # drains what is in flight; every line it wrote stays
             moving += [sid for sid in w.stream_ids if sid not in going]
         for sid in plan.removed:
-            self._owner.pop(sid, None)
+            leaving = self._owner.pop(sid, None)
+            if leaving is not None:
+                self._leaving[sid] = leaving  # sinks hear of it once its last line is out
         if moving:
             log.warning(
                 "reload: stream(s) %s shared a worker with a changed stream; they move", ", ".join(moving)
@@ -535,7 +544,14 @@ class Supervisor:
 
     def _spawn_waiting(self) -> None:
         """Start the workers a reload asked for once no older worker still carries one of their streams
-        (frame numbers continue from the old worker's last line)."""
+        (frame numbers continue from the old worker's last line); tell the sinks about removed streams
+        once their worker's last line is out (MQTT marks them offline)."""
+        for sid, w in list(self._leaving.items()):
+            reader_done = w.reader is None or not w.reader.is_alive()
+            if w.done or (not w.alive and reader_done):
+                del self._leaving[sid]
+                if self.sink_set is not None and sid not in self._owner:
+                    self.sink_set.stream_removed(sid)
         for group in list(self._waiting):
             busy = any(
                 w.alive and not w.done and set(w.stream_ids) & set(group) for w in self.workers if w.retired

@@ -2,13 +2,15 @@
 
 Each hop of the pipeline turns one of these into the next:
 Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> slot -> ``FrameResult`` -> sinks.
+On the GPU path a frame's pixels are device memory described by ``Nv12Surface`` (what NVDEC writes; the one
+NV12 type: the decoder's lease exposes it as ``planes``) or ``PackedSurface`` (a CPU-decoded frame uploaded).
 Arrays are numpy; shapes are in the docstrings and checked on construction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +44,81 @@ class Frame:
                 f"Frame.image: expected uint8 ({self.height}, {self.width}, 3), "
                 f"got {self.image.dtype} {self.image.shape}"
             )
+
+
+COLOR_MATRICES = ("bt601", "bt709")
+
+
+@dataclass(frozen=True, slots=True)
+class Nv12Surface:
+    """An NV12 frame in device memory: Y plane (``height`` rows) and interleaved UV plane
+    (``ceil(height / 2)`` rows of ``2 * ceil(width / 2)`` bytes), each with its own pitch in bytes."""
+
+    y_ptr: int
+    uv_ptr: int
+    width: int
+    height: int
+    y_pitch: int
+    uv_pitch: int
+    matrix: str = "bt601"  # "bt601" | "bt709"
+    full_range: bool = False
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f"Nv12Surface: expected a positive size, got {self.width}x{self.height}")
+        if self.y_pitch < self.width or self.uv_pitch < 2 * ((self.width + 1) // 2):
+            raise ValueError(
+                f"Nv12Surface: pitches ({self.y_pitch}, {self.uv_pitch}) too small for width {self.width}: "
+                f"expected >= ({self.width}, {2 * ((self.width + 1) // 2)})"
+            )
+        if self.matrix not in COLOR_MATRICES:
+            raise ValueError(
+                f"Nv12Surface: unknown matrix {self.matrix!r}; expected one of {', '.join(COLOR_MATRICES)}"
+            )
+
+    @classmethod
+    def contiguous(
+        cls, ptr: int, width: int, height: int, pitch: int | None = None, **kw: object
+    ) -> Nv12Surface:
+        """The decoder layout: UV plane right after the Y plane (``ptr + pitch * height``), one pitch."""
+        pitch = pitch or (width + (width & 1))
+        return cls(ptr, ptr + pitch * height, width, height, pitch, pitch, **kw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class PackedSurface:
+    """A packed 8-bit 3-channel frame in device memory (rows of ``3 * width`` bytes, ``pitch`` apart)."""
+
+    ptr: int
+    width: int
+    height: int
+    pitch: int
+    order: str = "bgr"  # "bgr" | "rgb"
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f"PackedSurface: expected a positive size, got {self.width}x{self.height}")
+        if self.pitch < 3 * self.width:
+            raise ValueError(f"PackedSurface: pitch {self.pitch} < 3 * width ({3 * self.width})")
+        if self.order not in ("bgr", "rgb"):
+            raise ValueError(f"PackedSurface: order must be 'bgr' or 'rgb', got {self.order!r}")
+
+
+Surface = Nv12Surface | PackedSurface
+
+
+@runtime_checkable
+class SurfaceLease(Protocol):
+    """``Frame.surface`` on the GPU path: a decoder's picture, lent until ``release``. ``planes`` is where the
+    pixels are; ``wait(stream)`` orders reads on ``stream`` after the decoder's writes; ``release(stream)``
+    gives the buffer back once the work enqueued on ``stream`` so far is done (None: nothing reads it)."""
+
+    @property
+    def planes(self) -> Nv12Surface: ...
+
+    def wait(self, stream: Any) -> None: ...
+
+    def release(self, stream: Any = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

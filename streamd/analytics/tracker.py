@@ -35,15 +35,13 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(n, 4) x (m, 4) xyxy boxes -> (n, m) IoU."""
     if len(a) == 0 or len(b) == 0:
         return np.zeros((len(a), len(b)), np.float64)
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
-    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    a = a.astype(np.float64).T[:, :, None]  # (4, n, 1)
+    b = b.astype(np.float64).T[:, None, :]  # (4, 1, m)
+    iw = np.maximum(np.minimum(a[2], b[2]) - np.maximum(a[0], b[0]), 0.0)
+    ih = np.maximum(np.minimum(a[3], b[3]) - np.maximum(a[1], b[1]), 0.0)
     inter = iw * ih
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / np.maximum(union, 1e-12)  # union 0 only for empty boxes, whose inter is 0
 
 
 def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +56,7 @@ def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
     import lap  # small C extension (numpy only); imported here so config checks never need it
 
     _, x, _ = lap.lapjv(1.0 - iou, extend_cost=True, cost_limit=1.0 - min_iou)
-    rows = np.flatnonzero(x >= 0)
+    rows = np.nonzero(x >= 0)[0]
     cols = x[rows].astype(np.int64)
     ok = iou[rows, cols] >= min_iou
     return rows[ok], cols[ok]
@@ -76,9 +74,10 @@ def xyxy_to_xyah(b: np.ndarray) -> np.ndarray:
 
 
 def xyah_to_xyxy(m: np.ndarray) -> np.ndarray:
-    h = m[:, 3]
-    w = m[:, 2] * h
-    return np.stack([m[:, 0] - w / 2, m[:, 1] - h / 2, m[:, 0] + w / 2, m[:, 1] + h / 2], 1)
+    half = np.empty((len(m), 2))
+    half[:, 1] = m[:, 3] / 2
+    half[:, 0] = m[:, 2] * half[:, 1]
+    return np.concatenate([m[:, :2] - half, m[:, :2] + half], 1)
 
 
 # The Kalman filter is ByteTrack's (state x, y, aspect, height and their velocities; noise relative to
@@ -195,20 +194,20 @@ class ByteTracker:
         high = score >= cfg.high_score
         free_track = np.ones(len(self.ids), bool)
         # 1. high-score detections against every live track
-        hi = np.flatnonzero(high)
+        hi = np.nonzero(high)[0]
         r, c = assign(iou[hi], cfg.match_iou)
         det_track[hi[r]] = c
         free_track[c] = False
         # 2. the other detections against the tracks still free (also lost ones: an occluded object's low
         #    score detection is what brings it back)
-        lo = np.flatnonzero(~high)
+        lo = np.nonzero(~high)[0]
         if len(lo) and free_track.any():
-            cand = np.flatnonzero(free_track)
+            cand = np.nonzero(free_track)[0]
             r, c = assign(iou[lo][:, cand], _SECOND_IOU)
             det_track[lo[r]] = cand[c]
             free_track[cand[c]] = False
         # correct the matched tracks
-        matched_det = np.flatnonzero(det_track >= 0)
+        matched_det = np.nonzero(det_track >= 0)[0]
         rows = det_track[matched_det]
         if len(rows):
             z = xyxy_to_xyah(xyxy[matched_det].astype(np.float64))
@@ -224,7 +223,7 @@ class ByteTracker:
             det_track[matched_det] = remap[det_track[matched_det]]
             self._keep(alive)
         # start tracks from unmatched confident detections
-        new = np.flatnonzero((det_track < 0) & (score >= cfg.new_track_score))
+        new = np.nonzero((det_track < 0) & (score >= cfg.new_track_score))[0]
         if len(new) and len(matched_det):  # a box overlapping one that continued a track is a duplicate of it
             overlap = iou_matrix(xyxy[new], xyxy[matched_det])
             overlap *= class_id[new][:, None] == class_id[matched_det][None, :]
@@ -256,7 +255,7 @@ class ByteTracker:
 
     def predict(self, index: int) -> PredictedTracks:
         """Boxes of the tracks seen in the last update, predicted to frame ``index`` (state unchanged)."""
-        rows = np.flatnonzero(self.seen_now)
+        rows = np.nonzero(self.seen_now)[0]
         mean, _ = kalman_predict(self.mean[rows], self.var[rows], self._dt(index))
         return PredictedTracks(
             xyah_to_xyxy(mean).astype(np.float32) if len(rows) else np.zeros((0, 4), np.float32),

@@ -73,10 +73,11 @@ def override_tracking(
 
 
 def verify_tracking(config: TrackingConfig, given: dict, path: str, problems: Problems) -> None:
-    if config.fill_skipped and not config.enabled and problems.ok(f"{path}.fill_skipped"):
-        where = "fill_skipped" if "fill_skipped" in given else "enabled"
+    # Only where fill_skipped is written: a stream that turns tracking off (enabled: false) under a global
+    # fill_skipped: true simply has no predicted lines.
+    if config.fill_skipped and not config.enabled and "fill_skipped" in given:
         problems.add(
-            f"{path}.{where}",
+            f"{path}.fill_skipped",
             "fill_skipped: true needs tracking (enabled: true): predicted boxes come from the tracks; "
             "set enabled: true or delete fill_skipped",
         )

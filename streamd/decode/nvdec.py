@@ -51,6 +51,7 @@ import numpy as np
 from streamd.decode.base import DecodedPicture, DecodeError, close_later, same_format
 from streamd.decode.sps import reorder_depth
 from streamd.sources.base import Packet, VideoInfo
+from streamd.types import Nv12Surface
 
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
 SPS_SCAN_BYTES = 1024  # parameter sets open an access unit (after an AUD / VPS), well inside this
@@ -289,7 +290,7 @@ class SurfacePool:
             self._cond.notify_all()
 
 
-class NV12Surface:
+class NV12Surface:  # the lease (lifetime, events) of one pooled picture; its pixels: ``planes``
     """A decoded picture in device memory, NV12 (8-bit 4:2:0), lent from the decoder's :class:`SurfacePool`.
 
     This is ``Frame.surface`` on the GPU path. Fields:
@@ -338,6 +339,14 @@ class NV12Surface:
         self.device = device
         self.ready = slot.ready
         self._finalizer = weakref.finalize(self, pool.release, slot, None)
+
+    @property
+    def planes(self) -> Nv12Surface:
+        """Where the pixels are, as the kernels read them (``streamd.types.Nv12Surface``: one NV12 type)."""
+        return Nv12Surface(
+            self.luma_ptr, self.chroma_ptr, self.width, self.height, self.pitch, self.pitch,
+            self.color_matrix, self.full_range,
+        )  # fmt: skip
 
     @property
     def released(self) -> bool:

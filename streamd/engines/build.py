@@ -61,7 +61,7 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
         print(f"streamd build-engine: note: engine.type is {kind!r}; the daemon will not use this engine",
               file=sys.stderr)  # fmt: skip
 
-    from streamd.engines.progress import ConsoleProgress, Fanout, SystemdKeepalive
+    from streamd.engines.progress import BuildProgress
     from streamd.engines.tensorrt import TensorRTEngine, load_tensorrt
 
     try:
@@ -79,7 +79,7 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
         if threading.current_thread() is threading.main_thread()
         else None
     )
-    progress = Fanout(ConsoleProgress(sys.stderr, cancel), SystemdKeepalive())
+    progress = BuildProgress(sys.stderr, cancel)
     try:
         engine = TensorRTEngine(
             Path(model),

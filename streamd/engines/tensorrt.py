@@ -25,7 +25,7 @@ import numpy as np
 from streamd.engines import trt_build
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
-from streamd.engines.progress import BuildProgress, Fanout, LogProgress, SystemdKeepalive
+from streamd.engines.progress import BuildProgress
 from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
 from streamd.gpu.cuda import CUDAError
 from streamd.gpu.driver_api import CudaApi
@@ -148,7 +148,7 @@ class TensorRTEngine:
             optimization_level=optimization_level,
         )
         if progress is None:
-            progress = Fanout(LogProgress(cancel), SystemdKeepalive())
+            progress = BuildProgress(cancel=cancel)
         plan_args = dict(device=device, cache_dir=cache_dir, logger=self.logger, progress=progress)
         self.plan, data = ensure_plan(trt, self.cuda, model_path, options, rebuild=rebuild, **plan_args)
         self._runtime = trt.Runtime(self.logger)

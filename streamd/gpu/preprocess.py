@@ -21,7 +21,7 @@ import numpy as np
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod, device_pointer
 from streamd.gpu.kernels import KernelLoader
 from streamd.pipeline.specs import PreprocessSpec, compute_transform
-from streamd.types import Transform
+from streamd.types import Nv12Surface, PackedSurface, Surface, Transform
 
 # Mirrors struct FrameParams in kernels/preprocess.cu (8-byte fields first; 96 bytes).
 FRAME_DTYPE = np.dtype(
@@ -37,7 +37,7 @@ assert FRAME_DTYPE.itemsize == 96, FRAME_DTYPE.itemsize
 
 FORMAT_NV12, FORMAT_BGR, FORMAT_RGB = 0, 1, 2
 # (Kr, Kb) luma weights of each colour matrix.
-MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
+MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}  # Kr, Kb per streamd.types.COLOR_MATRICES
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -50,64 +50,6 @@ class Normalise(ctypes.Structure):
         ("shift", ctypes.c_float * 3),
         ("pad", ctypes.c_float * 3),
     ]
-
-
-@dataclass(frozen=True, slots=True)
-class Nv12Surface:
-    """An NV12 frame in device memory: Y plane (``height`` rows) and interleaved UV plane
-    (``ceil(height / 2)`` rows of ``2 * ceil(width / 2)`` bytes), each with its own pitch in bytes."""
-
-    y_ptr: int
-    uv_ptr: int
-    width: int
-    height: int
-    y_pitch: int
-    uv_pitch: int
-    matrix: str = "bt601"  # "bt601" | "bt709"
-    full_range: bool = False
-
-    def __post_init__(self) -> None:
-        if self.width < 1 or self.height < 1:
-            raise ValueError(f"Nv12Surface: expected a positive size, got {self.width}x{self.height}")
-        if self.y_pitch < self.width or self.uv_pitch < 2 * ((self.width + 1) // 2):
-            raise ValueError(
-                f"Nv12Surface: pitches ({self.y_pitch}, {self.uv_pitch}) too small for width {self.width}: "
-                f"expected >= ({self.width}, {2 * ((self.width + 1) // 2)})"
-            )
-        if self.matrix not in MATRICES:
-            raise ValueError(
-                f"Nv12Surface: unknown matrix {self.matrix!r}; expected one of {', '.join(MATRICES)}"
-            )
-
-    @classmethod
-    def contiguous(
-        cls, ptr: int, width: int, height: int, pitch: int | None = None, **kw: object
-    ) -> Nv12Surface:
-        """The decoder layout: UV plane right after the Y plane (``ptr + pitch * height``), one pitch."""
-        pitch = pitch or (width + (width & 1))
-        return cls(ptr, ptr + pitch * height, width, height, pitch, pitch, **kw)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class PackedSurface:
-    """A packed 8-bit 3-channel frame in device memory (rows of ``3 * width`` bytes, ``pitch`` apart)."""
-
-    ptr: int
-    width: int
-    height: int
-    pitch: int
-    order: str = "bgr"  # "bgr" | "rgb"
-
-    def __post_init__(self) -> None:
-        if self.width < 1 or self.height < 1:
-            raise ValueError(f"PackedSurface: expected a positive size, got {self.width}x{self.height}")
-        if self.pitch < 3 * self.width:
-            raise ValueError(f"PackedSurface: pitch {self.pitch} < 3 * width ({3 * self.width})")
-        if self.order not in ("bgr", "rgb"):
-            raise ValueError(f"PackedSurface: order must be 'bgr' or 'rgb', got {self.order!r}")
-
-
-Surface = Nv12Surface | PackedSurface
 
 
 def yuv_coefficients(matrix: str, full_range: bool) -> tuple[float, float, float, float, float, float]:

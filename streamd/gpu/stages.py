@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -27,11 +26,11 @@ from streamd.engines.base import Engine
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream, copy_htod
 from streamd.gpu.kernels import KernelLoader
 from streamd.gpu.postprocess import GpuPostprocessor, HostNmsResults, NmsResults
-from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface, PackedSurface, Surface
+from streamd.gpu.preprocess import GpuPreprocessor
 from streamd.pipeline.postprocess import PostprocessSpec
 from streamd.pipeline.specs import PreprocessSpec
 from streamd.pipeline.stages import Slot
-from streamd.types import Detections
+from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 
@@ -44,18 +43,6 @@ class _GpuBuffers:
     host: HostNmsResults
     events: tuple[Event, Event, Event, Event]  # E0 (start), E1, E2, E3; timing events for per-stage times
     staging: DeviceBuffer | None = None  # packed BGR uploads of CPU-decoded frames
-
-
-def _surface_of(surface: object) -> Surface:
-    """The decoder's device frame as a kernel :class:`Nv12Surface`. NVDEC frames
-    (``streamd.decode.nvdec.NV12Surface``) carry ``luma_ptr, chroma_ptr, pitch, width, height, color_matrix,
-    full_range``; kernel surfaces pass through."""
-    if isinstance(surface, (Nv12Surface, PackedSurface)):
-        return surface
-    s: Any = surface
-    return Nv12Surface(
-        s.luma_ptr, s.chroma_ptr, s.width, s.height, s.pitch, s.pitch, s.color_matrix, s.full_range
-    )
 
 
 class GpuStages:
@@ -137,9 +124,9 @@ class GpuStages:
         offset = 0
         for f in slot.frames:
             if f.surface is not None:
-                if hasattr(f.surface, "wait"):
-                    f.surface.wait(self.s1)  # the decoder's copy into this surface is done
-                surfaces.append(_surface_of(f.surface))
+                lease: SurfaceLease = f.surface
+                lease.wait(self.s1)  # the decoder's copy into this surface is done
+                surfaces.append(lease.planes)
                 continue
             assert staging is not None and f.image is not None
             image = np.ascontiguousarray(f.image)
@@ -155,7 +142,7 @@ class GpuStages:
         slot.transforms = self.pre(self._stage_surfaces(slot, buf), buf.input.ptr, self.s1)
         buf.events[1].record(self.s1)
         for f in slot.frames:  # the kernel above was the last reader: the decoder may reuse the buffers
-            if f.surface is not None and hasattr(f.surface, "release"):
+            if f.surface is not None:
                 f.surface.release(self.s1)
             f.surface = None
 

@@ -135,6 +135,10 @@ class SinkSet:
         for s in self.sinks:
             s.reopen()
 
+    def stream_removed(self, stream_id: str) -> None:
+        for s in self.sinks:
+            s.stream_removed(stream_id)
+
     def close(self, timeout: float = 10.0) -> None:
         for s in self.sinks:
             s.close(timeout)

@@ -86,6 +86,9 @@ class LineSink:
     def reopen(self) -> None:
         """SIGHUP: reopen the output (files only)."""
 
+    def stream_removed(self, stream_id: str) -> None:
+        """A reload removed the stream (MQTT marks it offline); a no-op for most sinks."""
+
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, flush and close; gives up after ``timeout`` seconds (counted as dropped)."""
         self._stop.set()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from streamd.sinks.base import _CLOSE, LineSink
 log = logging.getLogger(__name__)
 
 _WINDOW = 100  # messages published but not yet acknowledged, at most
+_OFFLINE = "\x00offline"  # queue item (stream_id, _OFFLINE): a reload removed the stream
 
 
 def read_password(cfg: MqttSinkConfig) -> str | None:
@@ -117,6 +119,13 @@ class MqttSink(LineSink):
             client.loop_stop()
             self._client = None
 
+    def stream_removed(self, stream_id: str) -> None:
+        """Queued behind the stream's last lines: its retained status becomes offline."""
+        try:
+            self._q.put_nowait((stream_id, _OFFLINE))
+        except queue.Full:
+            self.log_once("offline-full", logging.WARNING, "queue full: %s not marked offline", stream_id)
+
     # -- paho callbacks (paho's network thread; never call into paho while holding self._cond) ---------
 
     def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
@@ -170,6 +179,13 @@ class MqttSink(LineSink):
             if item is _CLOSE:
                 break
             stream_id, line = item
+            if line is _OFFLINE:
+                if stream_id in self._online and self._wait_until_sendable():
+                    self._online.discard(stream_id)
+                    self._publish(
+                        self._topic(self.cfg.status_topic, stream_id), "offline", False, retain=True
+                    )
+                continue
             if not self._wait_until_sendable():
                 self._dropped_out += 1
                 continue

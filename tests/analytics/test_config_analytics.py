@@ -272,6 +272,14 @@ def test_good_analytics_config_resolves_names(folder: Path):
     assert s.tracking.enabled and s.tracking.fill_skipped and s.tracking.high_score == 0.6
 
 
+def test_stream_may_turn_tracking_off_under_global_fill_skipped(folder: Path):
+    text = (
+        stream_keys("    tracking: {enabled: false}\n") + "tracking:\n  enabled: true\n  fill_skipped: true\n"
+    )
+    (s,) = load_config(write(folder, text)).streams
+    assert not s.tracking.enabled
+
+
 def test_defaults_leave_analytics_off(folder: Path):
     config = load_config(write(folder, GOOD))
     (s,) = config.streams

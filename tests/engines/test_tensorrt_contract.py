@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 from streamd.engines import create_engine
 from streamd.engines.base import EngineError
 from streamd.engines.build import add_build_engine_parser, run_build_engine
-from streamd.engines.progress import ConsoleProgress
+from streamd.engines.progress import BuildProgress
 from streamd.engines.registry import choose_backend
 from streamd.engines.tensorrt import TensorRTEngine
 from tests.engines.tiny_models import random_images
@@ -241,7 +241,7 @@ def test_enqueue_without_graphs_and_when_capture_fails(fake_trt, models, tmp_pat
 
 def test_progress_display_and_cancel(fake_trt, models, tmp_path):
     out = io.StringIO()
-    engine(fake_trt, models["dynamic"], tmp_path, progress=ConsoleProgress(out))
+    engine(fake_trt, models["dynamic"], tmp_path, progress=BuildProgress(out))
     text = out.getvalue()
     assert "Building engine" in text and "Building engine: done" in text
     cancel = threading.Event()
@@ -252,7 +252,7 @@ def test_progress_display_and_cancel(fake_trt, models, tmp_path):
             models["dynamic"],
             tmp_path,
             rebuild=True,
-            progress=ConsoleProgress(io.StringIO(), cancel),
+            progress=BuildProgress(io.StringIO(), cancel),
         )
 
 

@@ -185,6 +185,7 @@ def test_closed_stdout_stops_like_a_unix_tool(tmp_path, assets) -> None:
     assert all(json.loads(line)["stream"] == "cam" for line in first)
     assert proc.returncode == 0, err[-2000:]
     assert "Traceback" not in err and "BrokenPipe" not in err
+    assert "stopped: every output was closed by its reader" in err
 
 
 def test_sink_names_stay_unique(tmp_path) -> None:

@@ -195,3 +195,22 @@ def test_tls_and_a_password_file(tmp_path, caplog) -> None:
         assert "pa55-word" not in caplog.text
     finally:
         broker.stop()
+
+
+def test_a_removed_stream_goes_offline_after_its_last_line(tmp_path, broker) -> None:
+    sub = Subscriber(broker.port)
+    sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=broker.port))
+    sink.start()
+    for line in fake_lines(30, stream="gone"):
+        sink.submit(line, "gone")
+    sink.stream_removed("gone")  # a reload removed it
+    for line in fake_lines(5, stream="stays"):
+        sink.submit(line, "stays")
+    assert wait_for(lambda: sub.last("streamd/gone/status") == b"offline", 10)
+    assert sub.last("streamd/stays/status") == b"online"
+    order = [(t, p) for t, p, _ in sub.messages if t.startswith("streamd/gone/")]
+    assert (
+        order[-1] == ("streamd/gone/status", b"offline") and len(sub.frames("streamd/gone/detections")) == 30
+    )
+    sink.close(timeout=10)
+    sub.close()
