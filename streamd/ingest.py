@@ -107,6 +107,7 @@ class StreamWorker:
         self.cfg = cfg
         self.analytics = analytics
         self.on_lines = on_lines
+        self.on_frame: Callable[[Frame], None] | None = None  # status page: GPU frame copy on request (ops)
         self.out = out
         self.stop = stop
         self.stats = StreamStats(decoder=decoder)
@@ -430,4 +431,6 @@ class StreamWorker:
         self._last_frame_time = time.monotonic() - (now - arrived)
         if self.analytics is not None and not self._detect(frame):
             return True
+        if self.on_frame is not None:
+            self.on_frame(frame)
         return self.out.put(frame, self.stop)

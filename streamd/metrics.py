@@ -39,12 +39,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+# prometheus_client is imported where it is used: workers import LatencyHistograms from here, and a box that
+# never serves metrics needs no prometheus_client to run.
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +148,15 @@ def rss_bytes() -> int:
         return 0
 
 
-class SnapshotCollector(Collector):
-    """Turns one snapshot dict into metric families at scrape time."""
+class SnapshotCollector:
+    """Turns one snapshot dict into metric families at scrape time (a prometheus_client collector)."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
         snap = self._snapshot()
         per_stream: Mapping[str, Mapping[str, Any]] = snap.get("per_stream", {})
         frames = CounterMetricFamily("streamd_frames", "Frames whose results were produced.")
@@ -208,13 +213,17 @@ class SnapshotCollector(Collector):
         yield from _worker_families(snap)
 
 
-def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+def _gauge(name: str, help_text: str, value: float) -> Metric:
+    from prometheus_client.core import GaugeMetricFamily
+
     g = GaugeMetricFamily(name, help_text)
     g.add_metric([], value)
     return g
 
 
 def _sink_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     stats: dict[str, Mapping[str, Any]] = dict(snap.get("sink_stats", {}))
     for name, dropped in snap.get("sinks", {}).items():
         stats.setdefault(name, {"dropped": dropped} if not isinstance(dropped, Mapping) else dropped)
@@ -235,6 +244,8 @@ def _sink_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _worker_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     fill = GaugeMetricFamily(
         "streamd_batch_fill_ratio", "Frames per batch / batch size, since start.", labels=["worker"]
     )
@@ -263,11 +274,19 @@ def _worker_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
     yield from (batches, fill, rss, gpu, restarts)
 
 
+def _registry(snapshot: Snapshot) -> CollectorRegistry:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot))  # type: ignore[arg-type]
+    return registry
+
+
 def render(snapshot: dict) -> str:
     """Prometheus exposition text for a snapshot."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: snapshot))
-    return generate_latest(registry).decode()
+    from prometheus_client import generate_latest
+
+    return generate_latest(_registry(lambda: snapshot)).decode()
 
 
 class _RateLimitedSnapshots:
@@ -306,8 +325,7 @@ class MetricsServer:
     ) -> None:
         self._snapshot = snapshot
         self._frames = _RateLimitedSnapshots(frame_snapshot, snapshots_per_s) if frame_snapshot else None
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(SnapshotCollector(snapshot))
+        self._registry: CollectorRegistry | None = None  # made on the first scrape
         self._status_page = status_page
         server = self
 
@@ -328,6 +346,13 @@ class MetricsServer:
     def _get(self, handler: BaseHTTPRequestHandler) -> None:
         path = handler.path.split("?", 1)[0]
         if path == "/metrics":
+            try:
+                from prometheus_client import generate_latest
+            except ImportError:
+                self._reply(handler, 503, b"prometheus-client is not installed\n", "text/plain")
+                return
+            if self._registry is None:
+                self._registry = _registry(self._snapshot)
             body = generate_latest(self._registry)
             self._reply(handler, 200, body, "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/healthz":

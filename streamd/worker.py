@@ -43,7 +43,7 @@ from streamd.pipeline.scheduler import Scheduler
 from streamd.pipeline.stages import Stages
 from streamd.sinks.record import to_json_line
 from streamd.types import FrameResult
-from streamd.web.snapshot import LatestFrames
+from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Pipeline:
         self.decoder = ""
         self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
         self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
-        # The status page's snapshots: host frames only (a GPU surface is back in its pool by collect time).
+        # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked (ops).
         self.latest = LatestFrames(config.model.class_names)
         self._fps_mark: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self.results = 0
@@ -207,6 +207,7 @@ class Pipeline:
         self.analytics = {sid: a for sid, a in build_analytics(cfg).items() if sid in mine}
         options: dict[str, int] = {}
         if self.decoder == "nvdec":
+            self.latest = LatestFrames(self.config.model.class_names, to_host=nv12_surface_to_bgr)
             # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
             # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
@@ -221,6 +222,8 @@ class Pipeline:
                 worker.on_lines = functools.partial(self._hook_lines, stream_id=sc.id)
             if (r := self._resume.get(sc.id)) is not None:
                 worker.resume_at(r.index, r.pts, r.wall_time)
+            if self.decoder == "nvdec":  # the status page: one surface copied to the host per request (ops)
+                worker.on_frame = self.latest.capture
             self.workers.append(worker)
 
     def _on_results(self, results: list[FrameResult]) -> None:

@@ -3,8 +3,10 @@
 ``LatestFrames.update(result)`` runs on the frame path (the collect thread) and costs a dict store: it keeps
 a reference to the frame's host image and its detections, never a copy. A frame that lives on the GPU (no
 host image) is copied to the host only after someone asked for a snapshot of its stream: ``jpeg()`` marks
-the stream as wanted and waits briefly for its next result, whose frame ``to_host`` turns into a BGR array.
-Encoding happens in ``jpeg()``, on the caller's thread (the HTTP handler, or the worker's message loop).
+the stream as wanted and waits briefly; ``capture(frame)``, called by the ingest thread before the frame is
+queued (its decoder surface is still valid there, not at collect time), copies the next frame of a wanted
+stream with ``to_host`` (``nv12_surface_to_bgr`` for NVDEC); its result then pairs with that copy by frame
+index. Encoding happens in ``jpeg()``, on the caller's thread (the HTTP handler or the worker's message loop).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from streamd.types import Detections, Frame, FrameResult
 
 BOX_BGR = (0, 255, 0)  # pure green: easy to find again in a test
 TEXT_BGR = (0, 0, 0)
+_STALE_FRAMES = 30  # a copied frame whose result has not come this many frames later was dropped: copy again
 
 
 def render_jpeg(
@@ -61,23 +64,38 @@ class LatestFrames:
         self._to_host = to_host
         self._latest: dict[str, tuple[np.ndarray, Detections]] = {}
         self._wanted: set[str] = set()
+        self._captured: dict[str, tuple[int, np.ndarray]] = {}  # GPU frames copied on request, by index
         self._arrived = threading.Condition()
 
     def update(self, result: FrameResult) -> None:
         """Frame path: keep references to the newest host image and detections of the stream."""
         frame = result.frame
         image = frame.image
-        if image is None:
-            if frame.stream_id not in self._wanted or self._to_host is None:
+        if image is None:  # a GPU frame: only one that capture() copied for a request has pixels here
+            if not self._captured:
                 return
-            image = self._to_host(frame)
-            if image is None:
+            copied = self._captured.get(frame.stream_id)
+            if copied is None or copied[0] != frame.index:
                 return
+            del self._captured[frame.stream_id]
             self._wanted.discard(frame.stream_id)
+            image = copied[1]
         self._latest[frame.stream_id] = (image, result.detections)
         if self._wanted:
             with self._arrived:
                 self._arrived.notify_all()
+
+    def capture(self, frame: Frame) -> None:
+        """Ingest thread, just before the frame is queued: a GPU frame of a stream someone is waiting for is
+        copied to the host now (one frame per request); everything else returns at once."""
+        if frame.image is not None or self._to_host is None or frame.stream_id not in self._wanted:
+            return
+        pending = self._captured.get(frame.stream_id)
+        if pending is not None and frame.index - pending[0] < _STALE_FRAMES:
+            return  # one copy per request: its result is on the way (unless a full live queue dropped it)
+        image = self._to_host(frame)
+        if image is not None:
+            self._captured[frame.stream_id] = (frame.index, image)
 
     def jpeg(self, stream_id: str, wait_s: float = 1.0) -> bytes | None:
         """A JPEG of the stream's latest frame with its boxes; None when there is none (yet)."""
@@ -93,3 +111,14 @@ class LatestFrames:
 
     def forget(self, stream_id: str) -> None:
         self._latest.pop(stream_id, None)
+        self._captured.pop(stream_id, None)
+
+
+def nv12_surface_to_bgr(frame: Frame) -> np.ndarray | None:
+    """``to_host`` for NVDEC frames: the frame's NV12 surface copied to the host, as BGR (one D2H copy)."""
+    if frame.surface is None:
+        return None
+    from streamd.decode.nvdec import download_nv12  # CUDA only when a GPU frame is asked for
+
+    nv12 = download_nv12(frame.surface)
+    return cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12)[: frame.height, : frame.width]
