@@ -197,13 +197,18 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     }
 
 
-def live_run(args, n: int, tmp: Path, *, kill_worker: bool = False, soak_s: float = 0.0) -> dict:
+def live_run(
+    args, n: int, tmp: Path, *, kill_worker: bool = False, soak_s: float = 0.0, extra: str = ""
+) -> dict:
     out = tmp / f"live-{n}.jsonl"
     out.unlink(missing_ok=True)
     cfg = tmp / f"live-{n}.yaml"
-    cfg.write_text(config_text(args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine))
+    text = config_text(args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine)
+    cfg.write_text(text + extra)
     d = Daemon(cfg)
-    row: dict = {"streams": n, "offered_fps": n * args.fps}
+    row: dict = {"streams": n, "offered_fps": n * args.fps, "workers": args.workers}
+    if extra:
+        row["extra"] = extra.strip()
     try:
         if d.wait_for(r"streamd: ready", args.start_timeout) is None:
             row["error"] = "not ready: " + "".join(d.log)[-1500:]
@@ -241,6 +246,8 @@ def live_run(args, n: int, tmp: Path, *, kill_worker: bool = False, soak_s: floa
         if soak_s:
             row["samples"] = samples
             row["growth"] = growth(samples, skip_s=60.0)
+            if args.soak_kill:  # then the restart probe on the same daemon (spare worker ready by now)
+                row["restart"] = restart_probe(args, d, out, {"streams": n})
     finally:
         row["exit"] = d.stop()
         summary = [line.strip() for line in d.log if "streamd: done" in line]
@@ -403,6 +410,12 @@ def main() -> int:
     ap.add_argument("--pipelined", type=int, nargs="*", default=[], help="batch sizes (e.g. 1 8 32)")
     ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
     ap.add_argument("--soak", type=float, default=0.0, help="seconds of one soak run at --streams[0]")
+    ap.add_argument(
+        "--soak-kill", action="store_true", help="after the soak, kill -9 a worker (restart probe)"
+    )
+    ap.add_argument(
+        "--tracking", type=int, nargs="*", default=[], help="stream counts to run with tracking on"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "out")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -416,6 +429,8 @@ def main() -> int:
         if args.soak:
             results["soak"] = live_run(args, args.streams[0], tmp, soak_s=args.soak)
             print(json.dumps({k: v for k, v in results["soak"].items() if k != "samples"}), flush=True)
+            if "restart" in results["soak"]:
+                results["restart"] = results["soak"]["restart"]
         else:
             if args.ceiling_threads:
                 ceiling = decode_ceiling(args.clip, args.ceiling_threads, 8.0)
@@ -430,6 +445,10 @@ def main() -> int:
             results["ramp"] = []
             for n in [*args.streams, *args.overload]:
                 row = live_run(args, n, tmp)
+                results["ramp"].append(row)
+                print(json.dumps(row), flush=True)
+            for n in args.tracking:  # the same run with tracking on (issue 9: within 10 % of tracking off)
+                row = live_run(args, n, tmp, extra="tracking:\n  enabled: true\n")
                 results["ramp"].append(row)
                 print(json.dumps(row), flush=True)
             if args.restart:
@@ -452,17 +471,19 @@ def markdown(r: dict) -> str:
     rows = ([r["single"]] if "single" in r else []) + r.get("ramp", [])
     if rows:
         lines += [
-            "| streams | offered fps | delivered fps | drops | p50 ms | p99 ms | max ms | min stream share "
-            "| CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+            "| streams | workers | offered fps | delivered fps | drops | p50 ms | p99 ms | max ms "
+            "| min stream share | CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for x in rows:
             if "error" in x:
                 lines.append(f"| {x['streams']} | {x['offered_fps']} | error: {x['error'][:200]} |")
                 continue
             gpu = x.get("gpu_mb_per_process") or []
+            label = f"{x['streams']}" + (" (tracking)" if "tracking" in x.get("extra", "") else "")
             lines.append(
-                f"| {x['streams']} | {x['offered_fps']:.0f} | {x['delivered_fps']} | {x['drops_in_window']} "
+                f"| {label} | {x.get('workers')} | {x['offered_fps']:.0f} | {x['delivered_fps']} "
+                f"| {x['drops_in_window']} "
                 f"| {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} | {x['min_stream_share']} "
                 f"| {x['host_cpu_ms_per_frame']} | {x.get('processes')} | {x['rss_mb_max_process']} "
                 f"| {min(gpu, default=0):.0f}–{max(gpu, default=0):.0f} | {x['exit']} |"
