@@ -136,6 +136,7 @@ class Supervisor:
         self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate), then reload the config
         self._waiting: list[tuple[str, ...]] = []  # reload: stream groups whose old worker still drains
         self._leaving: dict[str, _Worker] = {}  # reload: removed streams whose worker still drains
+        self._switches: list[tuple[_Worker, _Worker]] = []  # reload, new model: (running worker, successor)
         self.ready_at = self.last_result_at = 0.0  # perf_counter: every worker ready / last result received
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
@@ -248,7 +249,8 @@ class Supervisor:
                 else:
                     log.info("streamd: stopped by signal after draining frames in flight")
                 return 0
-            if all(w.done or w.gave_up or w.retired for w in self.workers):
+            reloading = self._waiting or self._switches  # a reload has workers to start yet
+            if all(w.done or w.gave_up or w.retired for w in self.workers) and not reloading:
                 return 0
             self._check_workers()
             self._keep_spare()
@@ -514,8 +516,15 @@ class Supervisor:
                 log.error("reload refused: %s; the running config stays", exc)
                 return
             self.sinks = self.sink_set.sinks
-        # What a reload applies: streams and sinks; the rest of the running config stays until a restart.
-        self.config = dataclasses.replace(running, streams=new.streams, sinks=new.sinks)
+        # What a reload applies: streams, sinks, model/engine/tracking; pipeline and metrics need a restart.
+        self.config = dataclasses.replace(
+            running,
+            streams=new.streams,
+            sinks=new.sinks,
+            model=new.model,
+            engine=new.engine,
+            tracking=new.tracking,
+        )
         going = {s.id for s in plan.changed} | set(plan.removed)
         moving: list[str] = []
         for w in self.workers:
@@ -533,19 +542,68 @@ class Supervisor:
                 "reload: stream(s) %s shared a worker with a changed stream; they move", ", ".join(moving)
             )
             self._waiting.append(tuple(moving))
+        if plan.model_changed:  # before new workers start: those load the new model anyway
+            self._switch_model()
         starting = tuple(s.id for s in (*plan.added, *plan.changed))
         if starting:
             self._waiting.append(starting)
         self._spawn_waiting()
         log.info("reload: %s", plan.describe())
-        if plan.model_changed or plan.needs_restart:
-            what = [*(["model/engine"] if plan.model_changed else []), *plan.needs_restart]
-            log.warning("reload: %s changed; that needs a restart (kept the running one)", ", ".join(what))
+        if plan.needs_restart:
+            what = ", ".join(plan.needs_restart)
+            log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
+
+    def _switch_model(self) -> None:
+        """A new model or engine: beside each running worker a successor builds the new engine (held, no
+        streams); once it is ready the running worker drains its last batches and finishes, then the
+        successor adopts its streams with their frame numbering continuing (``_spawn_waiting``)."""
+        for w in self.workers:
+            if w.retired or w.done or w.gave_up or not w.stream_ids:
+                continue
+            for old, succ in [x for x in self._switches if x[0] is w]:  # a newer model replaces a pending one
+                self._send(succ, ("abort",))
+                self._switches.remove((old, succ))
+            successor = _Worker(-1, (), w.device)
+            self._spawn(successor, hold=True)
+            self._switches.append((w, successor))
+        if self.spare is not None:  # the spare holds the old model: build a new one later
+            self._send(self.spare, ("abort",))
+            self.spare, self._spare_at = None, time.monotonic() + 5.0
+
+    def _advance_switches(self) -> None:
+        for old, succ in list(self._switches):
+            if succ.error is not None or (succ.process is not None and not succ.alive and not succ.ready):
+                why = succ.error[1] if succ.error else "it died while building"
+                log.error(
+                    "reload: the new model could not start (%s); worker %d keeps the old one", why, old.index
+                )
+                self._send(succ, ("abort",))
+                self._switches.remove((old, succ))
+                continue
+            if not succ.ready:
+                continue
+            if not old.retired:  # the new engine is built: the old worker finishes its batches in flight
+                old.retired = True
+                self._send(old, ("stop",))
+                continue
+            reader_done = old.reader is None or not old.reader.is_alive()
+            if not (old.done or (not old.alive and reader_done)):
+                continue
+            resume = {sid: self._resume[sid] for sid in old.stream_ids if sid in self._resume}
+            succ.index, succ.stream_ids, succ.ready = len(self.workers), old.stream_ids, False
+            self.workers.append(succ)
+            for sid in old.stream_ids:
+                self._owner[sid] = succ
+            self._switches.remove((old, succ))
+            self._send(succ, ("adopt", old.stream_ids, resume))
+            log.info("reload: stream(s) %s switched to the new model", ", ".join(old.stream_ids))
 
     def _spawn_waiting(self) -> None:
         """Start the workers a reload asked for once no older worker still carries one of their streams
         (frame numbers continue from the old worker's last line); tell the sinks about removed streams
-        once their worker's last line is out (MQTT marks them offline)."""
+        once their worker's last line is out (MQTT marks them offline); move streams to workers that
+        built a new model."""
+        self._advance_switches()
         for sid, w in list(self._leaving.items()):
             reader_done = w.reader is None or not w.reader.is_alive()
             if w.done or (not w.alive and reader_done):

@@ -147,3 +147,62 @@ def test_live_reload_adds_and_removes_a_stream_without_a_gap(tmp_path, assets) -
     )
     assert added_sink[-1] < frames[-1], "and removed again"
     assert "streams[0].loop" in stderr and "true or false" in stderr, "the same message as streamd check"
+
+
+def test_a_model_change_switches_workers_without_a_gap(tmp_path, assets) -> None:
+    """model.score_threshold changes on reload: a successor builds the new model beside the running worker,
+    takes the stream over after the old one drained; frame numbers stay contiguous, new lines use 0.8."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "out.jsonl"
+    cfg = tmp_path / "model.yaml"
+    loop = f"  - id: loop\n    url: {CLIP_HEVC}\n    loop: true\n"
+    sinks = f"  - type: jsonl\n    path: {out}\n"
+    write(cfg, loop, sinks)
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+    def records() -> list[dict]:
+        return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+    def wait(predicate, what: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}: {err_path.read_text()[-3000:]}")
+
+    try:
+        wait(lambda: len(records()) >= 30, "the first lines")
+        cfg.write_text(cfg.read_text().replace("model:\n", "model:\n  score_threshold: 0.8\n", 1))
+        proc.send_signal(signal.SIGHUP)
+        wait(lambda: "switched to the new model" in err_path.read_text(), "the switch")
+        switched = len(records())
+        wait(lambda: len(records()) >= switched + 30, "lines from the new model")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    stderr = err_path.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    recs = records()
+    frames = [r["frame"] for r in recs]
+    assert frames == list(range(len(frames))), "contiguous across the switch"
+    scores = [[d["score"] for d in r["detections"]] for r in recs]
+    low_before = sum(1 for s in scores[:switched] for x in s if x < 0.8)
+    after = [x for s in scores[switched:] for x in s]
+    print(f"{len(frames)} frames, switch after ~{switched}; before: {low_before} scores < 0.8; after: "
+          f"{len(after)} detections, min {min(after, default=1):.2f}")  # fmt: skip
+    assert low_before > 0 and after and min(after) >= 0.8
