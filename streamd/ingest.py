@@ -147,7 +147,9 @@ class StreamWorker:
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
+        """Wait for the thread to end; True when it has (also when it never started: cleanup never raises)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def _run(self) -> None:
