@@ -20,8 +20,11 @@ The snapshot dict (every key optional except ``per_stream``)::
     }}
     sinks: {name: dropped}  or  sink_stats: {name: LineSink.stats()}   (queue depth = stats' ``queued``)
     batches: {worker: {batches: int, frames: int, size: int}}         batch fill = frames / (batches * size)
-    workers: {worker: {rss_bytes: int, gpu_memory_bytes: int, restarts: int}}
+    workers: {worker: {pid: int, rss_bytes: int, gpu_memory_bytes: int, restarts: int}}
     gpu_memory_bytes: {device: int}
+
+GPU memory needs no CUDA in the supervisor: where ``nvidia-smi`` exists, it is asked (at most every 5 s) for
+each GPU's used memory and each process's, matched to the workers' ``pid`` (values in the snapshot win).
 
 Histograms arrive as data, not as calls: each worker keeps one ``LatencyHistograms`` per stream, calls
 ``observe(result.latency_ms)`` per frame result (a few bisects) and ships ``to_dict()`` with its stats every
@@ -34,7 +37,10 @@ import bisect
 import contextlib
 import json
 import logging
+import math
 import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -148,6 +154,51 @@ def rss_bytes() -> int:
         return 0
 
 
+class GpuMemory:
+    """Used GPU memory per device and per process, from ``nvidia-smi`` (cached ``max_age_s``)."""
+
+    def __init__(self, command: str = "nvidia-smi", max_age_s: float = 5.0) -> None:
+        self._command = shutil.which(command)
+        self._max_age_s = max_age_s
+        self._at = -math.inf
+        self._lock = threading.Lock()
+        self.devices: dict[str, int] = {}
+        self.processes: dict[int, int] = {}
+
+    def read(self) -> tuple[dict[str, int], dict[int, int]]:
+        """({device index: bytes used}, {pid: bytes used}); empty without nvidia-smi or a GPU."""
+        if self._command is None:
+            return {}, {}
+        with self._lock:
+            if time.monotonic() - self._at >= self._max_age_s:
+                self._at = time.monotonic()
+                self.devices = self._query("--query-gpu=index,memory.used", str)
+                self.processes = self._query("--query-compute-apps=pid,used_memory", int)
+            return self.devices, self.processes
+
+    def _query(self, what: str, key: Callable[[str], Any]) -> dict:
+        assert self._command is not None
+        try:
+            out = subprocess.run(
+                [self._command, what, "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=3,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            self._command = None  # it does not work here; stop asking
+            return {}
+        found = {}
+        for line in out.stdout.splitlines() if out.returncode == 0 else ():
+            parts = [p.strip() for p in line.split(",")]
+            with contextlib.suppress(ValueError, IndexError):
+                found[key(parts[0])] = int(float(parts[1]) * 2**20)  # MiB
+        return found
+
+
+_GPU = GpuMemory()
+
+
 class SnapshotCollector:
     """Turns one snapshot dict into metric families at scrape time (a prometheus_client collector)."""
 
@@ -258,20 +309,29 @@ def _worker_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
         "streamd_resident_memory_bytes", "Resident memory of each process.", labels=["process"]
     )
     rss.add_metric(["supervisor"], rss_bytes())
-    gpu = GaugeMetricFamily("streamd_gpu_memory_bytes", "GPU memory in use.", labels=["process", "device"])
+    gpu = GaugeMetricFamily(
+        "streamd_gpu_memory_bytes", "GPU memory in use by each worker process.", labels=["process", "device"]
+    )
+    devices, by_pid = _GPU.read()
     restarts = CounterMetricFamily(
         "streamd_worker_restarts", "Restarts of a worker process.", labels=["worker"]
     )
     for wid, w in snap.get("workers", {}).items():
         if "rss_bytes" in w:
             rss.add_metric([f"worker-{wid}"], w["rss_bytes"])
-        if "gpu_memory_bytes" in w:
-            gpu.add_metric([f"worker-{wid}", str(w.get("device", 0))], w["gpu_memory_bytes"])
+        used = w.get("gpu_memory_bytes", by_pid.get(w.get("pid") or -1))
+        if used is not None:
+            gpu.add_metric([f"worker-{wid}", str(w.get("device", 0))], used)
         if "restarts" in w:
             restarts.add_metric([str(wid)], w["restarts"])
-    for device, used in snap.get("gpu_memory_bytes", {}).items():
-        gpu.add_metric(["all", str(device)], used)
-    yield from (batches, fill, rss, gpu, restarts)
+    device_used = GaugeMetricFamily(
+        "streamd_gpu_device_memory_used_bytes",
+        "Memory in use on each GPU (every process).",
+        labels=["device"],
+    )
+    for device, used in {**devices, **snap.get("gpu_memory_bytes", {})}.items():
+        device_used.add_metric([str(device)], used)
+    yield from (batches, fill, rss, gpu, device_used, restarts)
 
 
 def _registry(snapshot: Snapshot) -> CollectorRegistry:

@@ -171,3 +171,23 @@ def test_daemon_serves_metrics_health_and_a_snapshot_with_boxes(tmp_path, assets
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
+
+
+def test_gpu_memory_from_nvidia_smi_without_cuda(tmp_path, monkeypatch) -> None:
+    """The supervisor never touches CUDA: GPU memory comes from nvidia-smi (a stand-in script here)."""
+    import streamd.metrics as metrics
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\ncase \"$1\" in\n  --query-gpu=*) echo '0, 1024'; echo '1, 2048' ;;\n"
+        "  --query-compute-apps=*) echo '4242, 512'; echo '99, 64' ;;\nesac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(metrics, "_GPU", metrics.GpuMemory(str(fake)))
+    snap = {"per_stream": {}, "workers": {0: {"pid": 4242, "rss_bytes": 1}, 1: {"pid": 7, "rss_bytes": 1}}}
+    fams = families(render(snap))
+    per_worker = {s.labels["process"]: s.value for s in fams["streamd_gpu_memory_bytes"].samples}
+    devices = {s.labels["device"]: s.value for s in fams["streamd_gpu_device_memory_used_bytes"].samples}
+    assert per_worker == {"worker-0": 512 * 2**20}
+    assert devices == {"0": 1024 * 2**20, "1": 2048 * 2**20}
+    assert metrics.GpuMemory("no-such-nvidia-smi").read() == ({}, {})

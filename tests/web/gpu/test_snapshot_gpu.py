@@ -4,8 +4,10 @@ torch or PyNvVideoCodec."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,13 +54,15 @@ def test_nvdec_snapshot_is_copied_on_request_and_shows_boxes(tmp_path) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/streams/demo/snapshot.jpg"
-    jpeg, deadline = b"", time.monotonic() + 300
+    jpeg, metrics, deadline = b"", "", time.monotonic() + 300
     try:
         while time.monotonic() < deadline and not jpeg:
             try:
                 jpeg = urllib.request.urlopen(url, timeout=5).read()
             except (urllib.error.HTTPError, OSError):
                 time.sleep(1)
+        with contextlib.suppress(OSError):
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
@@ -71,4 +75,8 @@ def test_nvdec_snapshot_is_copied_on_request_and_shows_boxes(tmp_path) -> None:
     )
     assert image.shape == (576, 768, 3) and 40 < image.mean() < 220, "a real picture (NV12 -> BGR)"
     assert box.sum() > 200, "boxes drawn"
+    gpu_lines = [x for x in metrics.splitlines() if x.startswith("streamd_gpu_")]
+    print("\n".join(gpu_lines))
+    if shutil.which("nvidia-smi"):  # GPU memory comes from nvidia-smi (the supervisor never touches CUDA)
+        assert any(x.startswith("streamd_gpu_device_memory_used_bytes") for x in gpu_lines), metrics[-2000:]
     assert proc.returncode == 0, err[-3000:]
