@@ -56,3 +56,25 @@ def test_unreachable_endpoint_buffers_then_drops_and_counts(tmp_path) -> None:
     feed(sink, fake_lines(100), per_s=1000)
     sink.close(timeout=1)
     assert sink.written == 0 and sink.dropped == 100 and sink.retries >= 1
+
+
+def test_a_hanging_endpoint_times_out_and_is_retried(tmp_path) -> None:
+    calls: list[float] = []
+
+    def answer(_t: float) -> int:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(2.0)  # hangs past the client's timeout; what it answers then goes nowhere
+            return 503
+        return 200
+
+    endpoint = Endpoint(answer)
+    sink = HttpSink(HttpSinkConfig(url=endpoint.url, batch_size=10, batch_timeout_ms=10, timeout_s=0.5))
+    sink.start()
+    t0 = time.monotonic()
+    feed(sink, fake_lines(10), per_s=1000)
+    sink.close(timeout=10)
+    endpoint.close()
+    print(f"delivered {sink.written}/10 after {sink.retries} retry in {time.monotonic() - t0:.1f} s")
+    assert sink.written == 10 and sink.retries == 1 and endpoint.frames() == list(range(10))
+    assert calls[1] - calls[0] < 1.8, "the client gave up after timeout_s, not when the server answered"

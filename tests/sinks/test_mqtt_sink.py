@@ -214,3 +214,31 @@ def test_a_removed_stream_goes_offline_after_its_last_line(tmp_path, broker) -> 
     )
     sink.close(timeout=10)
     sub.close()
+
+
+def test_the_broker_publishes_the_last_will_when_streamd_dies(tmp_path, broker) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    sub = Subscriber(broker.port)
+    script = (
+        "import os, sys, time\n"
+        "from streamd.config.sinks import MqttSinkConfig\n"
+        "from streamd.sinks.mqtt import MqttSink\n"
+        "sink = MqttSink(MqttSinkConfig(host='127.0.0.1', port=int(sys.argv[1])))\n"
+        "sink.start()\n"
+        "deadline = time.monotonic() + 10\n"
+        "while sink.connects == 0 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(0.5)\n"
+        "os._exit(9)  # dies: no DISCONNECT, no offline of its own\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(broker.port)], cwd=ROOT, timeout=60)
+    assert proc.returncode == 9
+    assert wait_for(lambda: sub.last("streamd/status") == b"offline", 10), sub.messages
+    states = [p for t, p, _ in sub.messages if t == "streamd/status"]
+    sub.close()
+    print(f"streamd/status: {states}")
+    assert states[-2:] == [b"online", b"offline"]
