@@ -47,3 +47,18 @@ def test_docs_describe_every_sink_key() -> None:
         for f in dataclasses.fields(cls):
             assert f"`{f.name}`" in docs, f"docs/config.md does not describe {cls.__name__}.{f.name}"
             assert f.metadata.get("doc") or not f.init, f"{cls.__name__}.{f.name} has no doc"
+
+
+def test_edge_box_example_config_is_valid(tmp_path) -> None:
+    """configs/edge-box.yaml, with its state folder and password file pointed at a temporary folder."""
+    from streamd.config import load_config
+
+    text = (ROOT / "configs" / "edge-box.yaml").read_text()
+    (tmp_path / "mqtt-password").write_text("secret\n")
+    text = text.replace("/var/lib/streamd/", f"{tmp_path}/").replace("/etc/streamd/", f"{tmp_path}/")
+    text = text.replace("../models/", f"{ROOT}/models/")
+    path = tmp_path / "edge-box.yaml"
+    path.write_text(text)
+    config = load_config(path)
+    assert [s.type for s in config.sinks] == ["jsonl", "mqtt", "http"] and config.metrics.enabled
+    assert config.sinks[1].password_file == tmp_path / "mqtt-password"
