@@ -193,3 +193,23 @@ def test_sink_names_stay_unique(tmp_path) -> None:
     (tmp_path / "b").mkdir()
     sinks = SinkSet([JsonlFileSink(tmp_path / "a" / "o.jsonl"), JsonlFileSink(tmp_path / "b" / "o.jsonl")])
     assert list(sinks.stats()) == ["jsonl:o.jsonl", "jsonl:o.jsonl#2"]
+
+
+@pytest.mark.parametrize(("policy", "least", "most"), [("never", 0, 0), ("rotate", 3, 3), ("flush", 13, 99)])
+def test_fsync_policy(tmp_path, monkeypatch, policy: str, least: int, most: int) -> None:
+    """never: no fsync; rotate: at each rotation and at close; flush: after every flush (and those too)."""
+    import streamd.sinks.jsonl as jsonl
+
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(jsonl.os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    sink = JsonlFileSink(tmp_path / "f.jsonl", fsync=policy, rotate_bytes=1500, flush_every=1000)
+    sink.start()
+    lines = fake_lines(20)
+    for i, line in enumerate(lines):
+        sink.submit(line, "demo")
+        if i % 2:
+            assert wait_for(lambda i=i: sink.written == i + 1, 5)  # the queue ran empty: a flush each time
+    sink.close()
+    print(f"fsync={policy}: {len(calls)} calls, {sink.rotations} rotations")
+    assert sink.rotations == 2 and least <= len(calls) <= most  # flush: >= 10 flushes + 2 rotations + close
