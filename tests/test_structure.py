@@ -21,7 +21,6 @@ MAX_LINES = 500
 OVER_LIMIT: dict[str, str] = {
     "streamd.decode.nvdec": "live (issue 12): decoder, surface pool and PyNvVideoCodec glue in one file",
     "streamd.engines.verify": "engines (issue 13): the start-up check",
-    "streamd.supervisor": "lead (issue 8): supervisor",
 }
 CUDA_ERRORS = "streamd.gpu.cuda"
 

@@ -1,0 +1,127 @@
+"""The supervisor's view of how the daemon is doing: one snapshot dict merged from the workers' stats (for
+the status line, the summary, ``/metrics`` and the status page), stall detection, and the two renderings of
+a snapshot for people (the status line and the closing summary)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from streamd.pool import COUNTERS, WorkerSlot
+from streamd.sinks.base import LineSink
+
+log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
+
+
+def snapshot(
+    workers: Sequence[WorkerSlot],
+    sinks: Sequence[LineSink],
+    *,
+    started: float,
+    batch_size: int,
+    stall_s: float,
+) -> dict:
+    """Counters of every worker (earlier incarnations included), plain values only. ``started`` is the
+    monotonic start time, ``batch_size`` the configured one (until a worker reports its own)."""
+    elapsed = max(time.monotonic() - started, 1e-9)
+    per_stream: dict[str, dict[str, Any]] = {}
+    for w in workers:
+        if w.retired:  # a reload moved or removed its streams
+            continue
+        current = w.stats.get("per_stream", {})
+        for sid in w.stream_ids:
+            s = dict(current.get(sid, {}))
+            base = w.base.get(sid, {})
+            for key in COUNTERS:
+                s[key] = int(s.get(key, 0)) + base.get(key, 0)
+            if w.gave_up:
+                s["state"] = "failed"
+            elif not w.alive and not w.done:
+                s["state"] = "restarting" if w.restarts else "starting"
+            else:
+                s.setdefault("state", "starting")
+            s["worker"] = w.index
+            per_stream[sid] = s
+    results = sum(w.base_results + w.stats.get("results", 0) for w in workers)
+    return {
+        "elapsed_s": elapsed,
+        "results": results,
+        "fps": results / elapsed,
+        "dropped": sum(s["dropped"] for s in per_stream.values()),
+        "decode_errors": sum(s["decode_errors"] for s in per_stream.values()),
+        "skipped": sum(s["skipped"] for s in per_stream.values()),
+        "streams": {sid: s["state"] for sid, s in per_stream.items()},
+        "per_stream": per_stream,
+        "workers": {
+            w.index: {
+                "pid": w.process.pid if w.process is not None else None,
+                "alive": w.alive,
+                "restarts": w.restarts,
+                "lines": w.lines,
+                "streams": list(w.stream_ids),
+                "rss_bytes": rss_bytes(w.process.pid) if w.alive else 0,
+            }
+            for w in workers
+        },
+        "batches": {
+            w.index: {
+                "batches": w.stats.get("batches", 0),
+                "frames": w.stats.get("frames", 0),
+                "size": w.stats.get("batch_size", batch_size),
+            }
+            for w in workers
+        },
+        "sinks": {s.name: s.dropped for s in sinks},
+        "sink_stats": {s.name: s.stats() for s in sinks},
+        "stalled": stalled(workers, time.monotonic(), stall_s),
+    }
+
+
+def stalled(workers: Sequence[WorkerSlot], now: float, stall_s: float) -> bool:
+    """Some worker has running streams but produced no result for ``stall_s``."""
+    for w in workers:
+        running = any(s.get("state") == "running" for s in w.stats.get("per_stream", {}).values())
+        if running and w.alive and now - w.last_progress > stall_s:
+            return True
+    return False
+
+
+def print_status(s: dict) -> None:
+    """The one-line status on a terminal (rewritten in place)."""
+    running = sum(1 for st in s["streams"].values() if st == "running")
+    sys.stderr.write(
+        f"\r\x1b[Kstreamd: {running}/{len(s['streams'])} streams | {s['results']} frames | "
+        f"{s['fps']:.1f} fps | dropped {s['dropped']} | decode errors {s['decode_errors']}"
+    )
+    sys.stderr.flush()
+
+
+def log_summary(s: dict, sinks: Sequence[LineSink], workers: Sequence[WorkerSlot]) -> None:
+    """The closing ``streamd: done: …`` line."""
+    sink_drops = sum(x.dropped for x in sinks)
+    restarts = sum(w.restarts for w in workers)
+    log.info(
+        "streamd: done: %d frames in %.1f s (%.1f fps), %d skipped (detect_fps), "
+        "%d dropped after decode, %d decode errors, %d sink lines dropped, %d worker restart(s)",
+        s["results"],
+        s["elapsed_s"],
+        s["fps"],
+        s["skipped"],
+        s["dropped"],
+        s["decode_errors"],
+        sink_drops,
+        restarts,
+    )
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process from /proc (0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
