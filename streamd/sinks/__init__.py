@@ -8,6 +8,7 @@ closes them and says what was lost.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from streamd.config.sinks import (
@@ -140,8 +141,16 @@ class SinkSet:
             s.stream_removed(stream_id)
 
     def close(self, timeout: float = 10.0) -> None:
-        for s in self.sinks:
-            s.close(timeout)
+        """Drain and close every sink at the same time: a stop takes one ``timeout``, not one per sink
+        (systemd's TimeoutStopSec bounds the whole drain)."""
+        closing = [
+            threading.Thread(target=s.close, args=(timeout,), name=f"close-{s.name}", daemon=True)
+            for s in self.sinks
+        ]
+        for t in closing:
+            t.start()
+        for t in closing:
+            t.join(2 * timeout + 1)
 
     @property
     def all_gone(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class LineSink:
     """Bounded queue + one writer thread. Subclasses implement ``_open`` and ``_serve``."""
 
     kind = "sink"
+    close_grace_s = 1.0  # how long past the close deadline one last write/request may take
 
     def __init__(
         self, name: str, queue_size: int, *, skip_empty: bool = False, drops_ok: bool = False
@@ -96,11 +98,17 @@ class LineSink:
         if not self._thread.is_alive():
             self._dropped_out += self._drain_uncounted()
             return
+        deadline = time.monotonic() + timeout
         try:
             self._q.put(_CLOSE, timeout=timeout)
         except queue.Full:
             self.log_once("drain", logging.ERROR, "could not drain within %.0f s", timeout)
-        self._thread.join(timeout)
+        # The writer gives up what is left at the deadline; its last attempt may take close_grace_s longer.
+        self._thread.join(max(0.0, deadline - time.monotonic()) + self.close_grace_s)
+        if self._thread.is_alive():
+            self.log_once(
+                "stuck", logging.ERROR, "writer still busy %.0f s after the deadline", self.close_grace_s
+            )
         self._dropped_out += self._drain_uncounted()
 
     @property

@@ -29,6 +29,7 @@ class HttpSink(LineSink):
         host = cfg.url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]  # no credentials in the name
         super().__init__(f"http:{host}", cfg.queue_size, skip_empty=cfg.skip_empty, drops_ok=cfg.drops_ok)
         self.cfg = cfg
+        self.close_grace_s = cfg.timeout_s + 1.0  # a request under way at the deadline may run its timeout
         self.batches = 0
         self.retries = 0
         self._deadline = float("inf")

@@ -100,7 +100,7 @@ def test_broker_outage_loses_exactly_the_counted_drops(tmp_path, broker) -> None
             broker.start()
         t = time.monotonic()
         sink.submit(line, "demo")
-        assert time.monotonic() - t < 0.01, "submit never blocks"
+        assert time.monotonic() - t < 0.1, "submit never blocks (a blocked one would wait out the outage)"
     assert broker.proc is not None, "the broker came back before the end"
     sink.close(timeout=30)
     stats = sink.stats()
