@@ -20,7 +20,7 @@ def tiny(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> object:
+def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """The fake TensorRT 10 on a machine with a GPU, whose builder fails (returns no plan, as a real
     TensorRT does when no tactic fits or the GPU is unsupported)."""
     module, cuda = make_fakes("10.16.1.11")
@@ -31,10 +31,9 @@ def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> object:
 
     monkeypatch.setattr(module.Builder, "build_serialized_network", no_plan)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr("streamd.gpu.driver_api.DriverApi", lambda device=0: cuda)
     monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: True)
     monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: False)
-    return module
+    return {"cuda_api": cuda}  # the one seam between TensorRTEngine and CUDA; other backends ignore it
 
 
 def test_auto_order_on_a_gpu_box_with_tensorrt(broken_tensorrt, monkeypatch) -> None:
@@ -45,7 +44,7 @@ def test_auto_order_on_a_gpu_box_with_tensorrt(broken_tensorrt, monkeypatch) -> 
 
 
 def test_auto_falls_back_when_tensorrt_fails_to_build(broken_tensorrt, tiny, tmp_path, caplog) -> None:
-    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path)
+    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
     try:
         assert engine.name == "onnxruntime-cpu"
     finally:
@@ -58,7 +57,7 @@ def test_auto_falls_back_when_tensorrt_fails_to_build(broken_tensorrt, tiny, tmp
 
 def test_named_tensorrt_fails_with_its_reason_and_69(broken_tensorrt, tiny, tmp_path) -> None:
     with pytest.raises(EngineError) as info:
-        create_engine("tensorrt", tiny, max_batch=2, cache_dir=tmp_path)
+        create_engine("tensorrt", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
     assert info.value.code == EX_UNAVAILABLE and "TensorRT could not build" in str(info.value)
 
 
@@ -66,7 +65,7 @@ def test_each_failing_engine_gets_one_warning(broken_tensorrt, tiny, tmp_path, m
     """TensorRT fails to build, torch (asked for CUDA on a box without it) fails to load, ORT runs."""
     pytest.importorskip("torch")
     monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
-    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path)
+    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
     engine.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [w.split(" (")[0] for w in warnings] == [
