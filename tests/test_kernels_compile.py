@@ -65,6 +65,21 @@ def test_compile_error_carries_the_log() -> None:
     with pytest.raises(KernelCompileError, match="no_such_identifier") as info:
         compile_source('extern "C" __global__ void k(int* p) { *p = no_such_identifier; }', 90, name="bad.cu")
     assert "bad.cu" in info.value.log and "sm_90" in str(info.value)
+    assert "\n" not in str(info.value) and info.value.code == 70  # one line; a bug in the kernel source
+
+
+def test_start_up_failures_of_the_cuda_layer_carry_exit_codes(tmp_path) -> None:
+    """Missing kernels or no CUDA are 69 (unavailable); both are StartupErrors, so the worker exits with one
+    line and that code instead of a traceback."""
+    from streamd.exitcodes import StartupError
+    from streamd.gpu.cuda import CUDAError
+    from streamd.gpu.kernels import KernelCompileError
+
+    missing = KernelCompileError(f"kernel source {tmp_path / 'x.cu'} cannot be read: no such file")
+    cuda = CUDAError("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected", "cuInit")
+    for exc in (missing, cuda):
+        assert isinstance(exc, StartupError) and isinstance(exc, RuntimeError) and exc.code == 69
+    assert str(cuda) == "CUDA_ERROR_NO_DEVICE in cuInit: no CUDA-capable device is detected"
 
 
 def test_cache_key_changes_with_inputs() -> None:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamd.exitcodes import EX_UNAVAILABLE, StartupError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -39,14 +41,15 @@ def driver() -> Any:
     return _drv
 
 
-class CUDAError(RuntimeError):
-    """A CUDA driver call failed. ``name`` is the CUDA error name (``CUDA_ERROR_OUT_OF_MEMORY``...)."""
+class CUDAError(StartupError, RuntimeError):
+    """A CUDA driver call failed. ``name`` is the CUDA error name (``CUDA_ERROR_OUT_OF_MEMORY``...). At
+    start-up (no driver, no device, CUDA init) it ends the program with exit code 69 (``EX_UNAVAILABLE``)."""
 
     def __init__(self, name: str, message: str, call: str = "") -> None:
         self.name = name
         self.call = call
         where = f" in {call}" if call else ""
-        super().__init__(f"{name}{where}: {message}")
+        super().__init__(f"{name}{where}: {message}", EX_UNAVAILABLE)
 
 
 def _error_text(err: Any) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamd.exitcodes import EX_SOFTWARE, EX_UNAVAILABLE, StartupError
 from streamd.gpu.cuda import Context, CUDAError, Stream, _quiet, check, driver
 from streamd.resources import bundled_path, default_cache_dir
 
@@ -42,12 +43,15 @@ def nvrtc() -> Any:
     return _nvrtc_mod
 
 
-class KernelCompileError(RuntimeError):
-    """NVRTC could not compile a kernel source; ``log`` is NVRTC's program log."""
+class KernelCompileError(StartupError, RuntimeError):
+    """A kernel could not be compiled or loaded. One line: the message and NVRTC's first error line; ``log``
+    is NVRTC's whole program log. ``code``: ``EX_SOFTWARE`` when the source does not compile (a bug in
+    kernels/), ``EX_UNAVAILABLE`` (default) when NVRTC, cuda-bindings or the source file is missing."""
 
-    def __init__(self, message: str, log: str = "") -> None:
+    def __init__(self, message: str, log: str = "", code: int = EX_UNAVAILABLE) -> None:
         self.log = log
-        super().__init__(f"{message}\n{log}" if log else message)
+        errors = [line.strip() for line in log.splitlines() if "error" in line]
+        super().__init__(f"{message}: {errors[0]}" if errors else message, code)
 
 
 def _nvrtc_check(result: Any, call: str) -> Any:
@@ -103,7 +107,9 @@ def compile_source(
         err = mod.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
         log = _program_log(prog)
         if err != mod.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelCompileError(f"NVRTC could not compile {name} for {target} ({' '.join(opts)})", log)
+            raise KernelCompileError(
+                f"NVRTC could not compile {name} for {target} ({' '.join(opts)})", log, EX_SOFTWARE
+            )
         if ptx:
             size = _nvrtc_check(mod.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
             buf = b" " * size
