@@ -167,7 +167,13 @@ def test_decoder_kept_across_passes_and_every_picture_delivered() -> None:
         else:
             assert dec.restart(dmx.info), "same format: the decoder must be kept"
         got = []
-        for pic in [p for pkt in dmx.packets() for p in dec.decode(pkt)] + dec.flush():
+
+        def pictures(dmx=dmx, dec=dec):  # consume each picture before decoding more (the pool is 16 deep)
+            for pkt in dmx.packets():
+                yield from dec.decode(pkt)
+            yield from dec.flush()
+
+        for pic in pictures():
             got.append((pic.pts, download_nv12(pic.surface)[: pic.height]))
             pic.surface.release()
         dmx.close()
