@@ -232,6 +232,9 @@ def live_run(
                      "gpu_mb": {p: gpu.get(p, 0.0) for p in pids}}
                 )  # fmt: skip
                 next_sample += args.sample_every
+                if soak_s:  # kept as it goes: a soak cut short by the call's time limit still tells
+                    partial = {**row, "samples": samples, "growth": growth(samples, skip_s=60.0)}
+                    (args.out / "soak_partial.json").write_text(json.dumps(partial))
             time.sleep(0.2)
         t1 = time.time()
         cpu = cpu_seconds(pids) - cpu0
