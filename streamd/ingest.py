@@ -135,6 +135,8 @@ class StreamWorker:
         self._pacer = Pacer(stop) if cfg.realtime and not cfg.is_live else None
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
+    nominal_fps = 0.0  # the source's own frame rate once known (0: the container states none)
+
     def resume_at(self, index: int, pts: float | None, wall_time: float) -> None:
         """Continue a stream whose worker process was restarted: frame indices from ``index``, timestamps
         after ``pts`` with the real outage (since ``wall_time``, Unix time) as the jump."""
@@ -264,6 +266,7 @@ class StreamWorker:
         decoder = self._decoder_for(info)
         if info.fps:
             self._period = 1.0 / info.fps
+            self.nominal_fps = float(info.fps)  # the rate the source promises (overload detection)
         self._period = self._period or DEFAULT_PERIOD_S
         self._time_base = info.time_base
         self._offset = None

@@ -219,6 +219,11 @@ class SnapshotCollector:
         yield _gauge(
             "streamd_pipeline_stalled", "1 while the pipeline is wedged.", int(bool(snap.get("stalled")))
         )
+        yield _gauge(
+            "streamd_overloaded",
+            "Live streams behind real time (decoding under their frame rate, or dropping); 0 = keeping up.",
+            len(snap.get("overloaded", ())),
+        )
         labels = ["stream", "worker"]
 
         def key(sid: str, s: Mapping[str, Any]) -> list[str]:
@@ -238,14 +243,18 @@ class SnapshotCollector:
             "streamd_stream_state", "1 for the stream's current state.", labels=[*labels, "state"]
         )
         stalled = GaugeMetricFamily("streamd_stream_stalled", "1 while the stream is stalled.", labels=labels)
+        behind = GaugeMetricFamily(
+            "streamd_stream_behind", "1 while a live stream falls behind real time.", labels=labels
+        )
         for sid, s in per_stream.items():
+            behind.add_metric(key(sid, s), int(bool(s.get("behind"))))
             fps.add_metric(key(sid, s), float(s.get("fps", 0.0)))
             up.add_metric(key(sid, s), int(s.get("state") == "running"))
             stalled.add_metric(key(sid, s), int(stream_stalled(s)))
             current = s.get("state", "")
             for st in (*STATES, *(() if current in STATES else (current,))):
                 state.add_metric([*key(sid, s), st], int(st == current))
-        yield from (fps, up, state, stalled)
+        yield from (fps, up, state, stalled, behind)
         latency = HistogramMetricFamily(
             "streamd_latency_seconds",
             "Per-stage latency of frame results (total: decode start to result; arrival: packet to result).",

@@ -78,6 +78,8 @@ def snapshot(
         "sinks": {s.name: s.dropped for s in sinks},
         "sink_stats": {s.name: s.stats() for s in sinks},
         "stalled": stalled(workers, time.monotonic(), stall_s),
+        # live streams decoding slower than their frame rate or dropping: more offered than the box takes
+        "overloaded": sorted(sid for sid, s in per_stream.items() if s.get("behind")),
     }
 
 
@@ -96,6 +98,7 @@ def print_status(s: dict) -> None:
     sys.stderr.write(
         f"\r\x1b[Kstreamd: {running}/{len(s['streams'])} streams | {s['results']} frames | "
         f"{s['fps']:.1f} fps | dropped {s['dropped']} | decode errors {s['decode_errors']}"
+        + (f" | OVERLOADED: {len(s['overloaded'])} behind real time" if s.get("overloaded") else "")
     )
     sys.stderr.flush()
 

@@ -60,6 +60,7 @@ class Supervisor:
         self.ready_at = 0.0  # perf_counter: every worker ready
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
+        self._overloaded = False
         usec = systemd.watchdog_usec()
         self._watchdog_s = usec / 1e6 if usec else 0.0
 
@@ -390,8 +391,20 @@ class Supervisor:
         self._spawn_waiting()
         if now - self._last_status >= 5:
             s = self.snapshot()
-            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped")
+            behind = s["overloaded"]
+            note = f", OVERLOADED: {len(behind)} stream(s) behind real time" if behind else ""
+            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
             self._last_status = now
+            if bool(behind) != self._overloaded:  # say it when it starts and when it ends, not every tick
+                self._overloaded = bool(behind)
+                if behind:
+                    log.warning(
+                        "streamd: overloaded: %d stream(s) behind real time (decoding under their frame rate "
+                        "or dropping), e.g. %s; fewer streams, lower resolution or detect_fps, or more GPUs",
+                        len(behind), ", ".join(behind[:5]),
+                    )  # fmt: skip
+                else:
+                    log.info("streamd: no longer overloaded")
         if self.status_line:
             self._print_status()
 

@@ -174,7 +174,10 @@ class Pipeline:
         self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
         # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked (ops).
         self.latest = LatestFrames(config.model.class_names)
-        self._fps_mark: tuple[float, dict[str, int]] = (time.monotonic(), {})
+        # Rates over the last completed window of >= 2 s: results and decoded fps, and whether a live stream
+        # is behind real time (decoding slower than its frame rate, or dropping): the box is overloaded.
+        self._mark: tuple[float, dict[str, tuple[int, int, int]]] = (time.monotonic(), {})
+        self._rates: dict[str, tuple[float, float, bool]] = {}
         self.results = 0
         self._started = False
 
@@ -297,20 +300,41 @@ class Pipeline:
         error = self.scheduler is not None and self.scheduler.error is not None
         return error or any(w.stats.state == "failed" for w in self.workers)
 
+    def _window_rates(
+        self, before: dict[str, tuple[int, int, int]], totals: dict[str, tuple[int, int, int]], dt: float
+    ) -> dict[str, tuple[float, float, bool]]:
+        """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or
+        a file paced in real time) that decoded under 90 % of its frame rate, or dropped frames."""
+        rates = {}
+        for w in self.workers:
+            sid = w.cfg.id
+            if sid not in before or sid not in totals:
+                continue
+            (r0, d0, x0), (r1, d1, x1) = before[sid], totals[sid]
+            fps, decode_fps = (r1 - r0) / dt, (d1 - d0) / dt
+            live = w.cfg.is_live or w.cfg.realtime
+            nominal = w.nominal_fps
+            slow = nominal > 0 and decode_fps < 0.9 * nominal
+            rates[sid] = (fps, decode_fps, live and w.stats.state == "running" and (slow or x1 > x0))
+        return rates
+
     def stats(self) -> dict[str, Any]:
         """Plain counters: per stream, plus the pipeline's own (read from another thread; values may be a
         tick apart, never inconsistent in type)."""
         queues = self.batcher.queues if self.batcher is not None else ()
         per_stream: dict[str, dict[str, Any]] = {}
         now = time.monotonic()
-        mark, before = self._fps_mark
-        counts = {sid: h.results for sid, h in self.latency.items()}
-        if now - mark >= 2.0:  # fps over the last couple of seconds
-            self._fps_mark = (now, counts)
+        mark, before = self._mark
+        totals = {
+            w.cfg.id: (self.latency[w.cfg.id].results, w.stats.decoded, q.dropped)
+            for w, q in zip(self.workers, queues, strict=False)
+        }
+        if now - mark >= 2.0:
+            self._mark, self._rates = (now, totals), self._window_rates(before, totals, now - mark)
         for w, q in zip(self.workers, queues, strict=False):
             s = w.stats
             sid = w.cfg.id
-            fps = (counts[sid] - before.get(sid, 0)) / max(now - mark, 1e-3) if before else 0.0
+            fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
             per_stream[sid] = {
                 "state": s.state,
                 "decoded": s.decoded,
@@ -320,14 +344,17 @@ class Pipeline:
                 "read_errors": s.read_errors,
                 "reconnects": s.reconnects,
                 "stalls": s.stalls,
-                "inferred": counts[sid],
+                "inferred": totals[sid][0],
                 "fps": round(fps, 2),
+                "decode_fps": round(decode_fps, 2),
+                "behind": behind,
                 "latency": self.latency[sid].to_dict(),
                 "decoder": s.decoder,
             }
         sched = self.scheduler
         return {
             "results": self.results,
+            "behind": sorted(sid for sid, st in per_stream.items() if st["behind"]),
             "batches": sched.batches if sched else 0,
             "frames": sched.frames if sched else 0,
             "batch_size": self.config.pipeline.batch_size,

@@ -170,3 +170,43 @@ def test_bad_model_fails_once_with_one_line_and_exit_78(tmp_path, assets) -> Non
     assert proc.returncode == 78, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "set model.input_size: [416, 416]" in proc.stderr
+
+
+@pytest.mark.slow
+def test_overload_is_reported(tmp_path, assets, caplog) -> None:
+    """Six live-paced 10 fps streams on two CPU cores (ONNX Runtime does ~25 frames/s here): the snapshot
+    (status line, /metrics) names the streams behind real time and the log says the box is overloaded."""
+    import logging
+
+    from streamd.supervisor import Supervisor
+
+    out = tmp_path / "o.jsonl"
+    raw = {
+        "streams": [{"id": f"s{i}", "url": str(CLIP_HEVC), "realtime": True, "loop": True} for i in range(6)],
+        "model": {"path": str(MODEL)},
+        "engine": {"type": "onnxruntime"},
+        "pipeline": {"workers": 1},
+        "sinks": [{"type": "jsonl", "path": str(out), "drops_ok": True}],
+    }
+    sup = Supervisor(parse_config(raw, ROOT), status_line=False)
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
+    with caplog.at_level(logging.INFO, logger="streamd"):
+        runner.start()
+        behind: list[str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not behind:
+            time.sleep(0.5)
+            behind = sup.snapshot().get("overloaded", [])
+        snap = sup.snapshot()
+        deadline = time.monotonic() + 15
+        while "overloaded:" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.5)
+        sup.stop.set()
+        runner.join(timeout=60)
+    print(f"behind: {behind}; dropped {snap['dropped']}; decode fps "
+          f"{[s.get('decode_fps') for s in snap['per_stream'].values()]}")  # fmt: skip
+    assert behind, "six 10 fps streams on the CPU engine must be reported behind real time"
+    assert all(snap["per_stream"][sid]["behind"] for sid in behind)
+    assert "streamd: overloaded:" in caplog.text
+    assert codes == [0]
