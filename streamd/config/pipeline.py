@@ -20,7 +20,10 @@ class PipelineConfig:
     )
     ring_slots: int = opt(3, "batches in flight at once (input/output buffer sets in the ring)", ge=1, le=16)
     frame_queue: int = opt(
-        2, "decoded frames kept per stream; when full the oldest frame is dropped and counted", ge=1, le=256
+        2,
+        "decoded frames a live stream always keeps; beyond that the oldest is dropped (counted) once over 1 s old",
+        ge=1,
+        le=256,
     )
     decoder: Literal["auto", "cpu", "nvdec"] = opt(
         "auto",
