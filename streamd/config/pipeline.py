@@ -21,7 +21,7 @@ class PipelineConfig:
     ring_slots: int = opt(3, "batches in flight at once (input/output buffer sets in the ring)", ge=1, le=16)
     frame_queue: int = opt(
         2,
-        "decoded frames a live stream always keeps; beyond that the oldest is dropped (counted) once over 1 s old",
+        "decoded frames a live stream always keeps; beyond them the oldest is dropped (counted) when 1 s old",
         ge=1,
         le=256,
     )
