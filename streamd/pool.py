@@ -301,7 +301,7 @@ class WorkerPool:
             if w.alive:
                 continue
             if w.reader is not None:
-                w.reader.join(timeout=2)  # every line it sent is in the sinks before its streams resume
+                w.reader.join(timeout=10)  # every line it sent is in the sinks before its streams resume
             if w.done:
                 continue
             self._retire(w)

@@ -188,6 +188,8 @@ class Supervisor:
                 log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
                 systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             if self.stop.is_set():
+                for _, successor in self._switches:  # a model switch still building: not needed any more
+                    self.pool.send(successor, ("abort",))
                 self.pool.stop_workers(abort=self._abort.is_set())
                 if self.sink_set is not None and self.sink_set.all_gone:
                     log.info("streamd: stopped: every output was closed by its reader")
@@ -196,10 +198,15 @@ class Supervisor:
                 else:
                     log.info("streamd: stopped by signal after draining frames in flight")
                 return 0
-            reloading = self._waiting or self._switches  # a reload has workers to start yet
-            if all(w.done or w.gave_up or w.retired for w in self.workers) and not reloading:
+            reloading = self._waiting or self._switches or self._leaving  # a reload is not through yet
+            finished = all(w.done or w.gave_up or (w.retired and not w.alive) for w in self.workers)
+            if finished and not reloading:
                 return 0
             self.pool.check_workers()
+            for old, successor in list(self._switches):  # died, and the spare (new model) took its streams
+                if old not in self.workers:
+                    self.pool.send(successor, ("abort",))
+                    self._switches.remove((old, successor))
             self.pool.keep_spare()
             self._tick()
             self.stop.wait(0.25)
@@ -276,6 +283,14 @@ class Supervisor:
         )
         going = {s.id for s in plan.changed} | set(plan.removed)
         moving: list[str] = []
+        for old, successor in list(self._switches):  # a pending model switch must not revive these
+            if going & set(old.stream_ids):
+                self.pool.send(successor, ("abort",))
+                self._switches.remove((old, successor))
+                if old.retired:  # already draining for the switch: its other streams start anew below
+                    moving += [sid for sid in old.stream_ids if sid not in going]
+        if plan.added or plan.changed:  # the spare knows only the streams of the config it was built with
+            self.pool.drop_spare()
         for w in self.workers:
             if w.retired or w.done or w.gave_up or not going & set(w.stream_ids):
                 continue
@@ -318,6 +333,8 @@ class Supervisor:
         self.pool.drop_spare()  # the spare holds the old model: build a new one later
 
     def _advance_switches(self) -> None:
+        if self.stop.is_set():
+            return
         for old, succ in list(self._switches):
             if succ.error is not None or (succ.process is not None and not succ.alive and not succ.ready):
                 why = succ.error[1] if succ.error else "it died while building"

@@ -379,10 +379,21 @@ class _Channel:
         if self.closed:
             return
         with self._lock:
-            try:
-                self.conn.send(message)
-            except (OSError, EOFError, ValueError):  # the supervisor is gone: stop quietly
-                self.closed = True
+            self._send(message)
+
+    def send_stats(self, pipeline: Pipeline) -> None:
+        """Counters are taken and sent under the lock: two threads send them, and an older snapshot must
+        never overtake a newer one (the supervisor's totals would go back)."""
+        if self.closed:
+            return
+        with self._lock:
+            self._send(("stats", pipeline.stats()))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, EOFError, ValueError):  # the supervisor is gone: stop quietly
+            self.closed = True
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
@@ -405,7 +416,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         now = time.monotonic()
         if now - last_stats >= 0.25:  # counters travel ahead of the lines they describe
             last_stats = now
-            channel.send(("stats", pipeline.stats()))
+            channel.send_stats(pipeline)
         channel.send(("lines", records))
 
     pipeline = Pipeline(config, streams, emit, device=spec.device, resume=spec.resume)
@@ -442,13 +453,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         if go.is_set() and not pipeline.stop.is_set():
             pipeline.start()
         while not pipeline.join(timeout=0.5):
-            channel.send(("stats", pipeline.stats()))
+            channel.send_stats(pipeline)
             if channel.closed:
                 pipeline.abort()
     finally:
         pipeline.close()
         logutil.flush_all()  # counts of repeated warnings still held back
-        channel.send(("stats", pipeline.stats()))
+        channel.send_stats(pipeline)
         channel.send(("done", pipeline.failed))
 
 
