@@ -370,8 +370,10 @@ class Supervisor:
                 if self.sink_set is not None and sid not in self.pool.owner:
                     self.sink_set.stream_removed(sid)
         for group in list(self._waiting):
-            busy = any(
-                w.alive and not w.done and set(w.stream_ids) & set(group) for w in self.workers if w.retired
+            busy = any(  # the old worker still runs, or its last lines are still on the way to the sinks
+                (w.alive and not w.done) or (w.reader is not None and w.reader.is_alive())
+                for w in self.workers
+                if w.retired and set(w.stream_ids) & set(group)
             )
             if busy or self.stop.is_set():
                 continue
