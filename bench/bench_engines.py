@@ -53,7 +53,9 @@ def real_frames(n: int, size: int = 416) -> np.ndarray:
 
 
 def measure(engine, torch, x, y, batch: int, stream, seconds: float) -> dict:
-    handle = stream.cuda_stream
+    from streamd.gpu.cuda import Stream
+
+    handle = Stream.borrow(stream.cuda_stream)  # engines take streamd's Stream objects
     for _ in range(3):  # warm-up: cuDNN autotuning, graph capture
         engine.enqueue(x.data_ptr(), y.data_ptr(), batch, handle)
     stream.synchronize()

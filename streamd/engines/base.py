@@ -5,7 +5,8 @@ Two ways to run a loaded model, chosen by ``Engine.on_device``:
 - host engines (``on_device`` False, e.g. ONNX Runtime on the CPU): ``infer(batch)`` takes a host array
   [b, C, H, W] in ``input_dtype`` and returns the host output [b, ...] in ``output_dtype``;
 - device engines (``on_device`` True: TensorRT, torch, ONNX Runtime's CUDA EP): ``enqueue(in_ptr, out_ptr, b,
-  stream)`` *enqueues* the model on the caller's CUDA stream, reading [b, C, H, W] at ``in_ptr`` and writing
+  stream)`` *enqueues* the model on the caller's CUDA stream (a ``streamd.gpu.cuda.Stream``; wrap a stream
+  made elsewhere with ``Stream.borrow(handle)``), reading [b, C, H, W] at ``in_ptr`` and writing
   [b, *output_shape[1:]] at ``out_ptr``. Both buffers are device memory the caller owns (slot buffers); the
   call returns without waiting for the GPU. The caller orders its own work around the call with events on
   ``stream`` (record after its preprocess, wait on the next stage's stream after ``enqueue``); the engine
@@ -19,11 +20,14 @@ Backends are chosen, loaded and checked by ``streamd.engines.registry.create_eng
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from streamd.exitcodes import EX_UNAVAILABLE, StartupError
+
+if TYPE_CHECKING:
+    from streamd.gpu.cuda import Stream
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -57,9 +61,9 @@ class Engine(Protocol):
         Device engines implement it too (a slow host round trip for tests and tools, never the pipeline)."""
         ...
 
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
-        """Device engines: enqueue one batch on ``stream`` (a ``cudaStream_t`` as int, never the legacy
-        default stream 0 for TensorRT); returns at once. Host engines raise ``EngineError``."""
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+        """Device engines: enqueue one batch on ``stream`` (never the legacy default stream 0 for TensorRT);
+        returns at once. Host engines raise ``EngineError``."""
         ...
 
     def close(self) -> None:

@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
 from streamd.exitcodes import EX_CONFIG
+
+if TYPE_CHECKING:
+    from streamd.gpu.cuda import Stream
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +121,16 @@ class OnnxRuntimeEngine:
             raise EngineError(f"onnxruntime: batch {len(batch)} > max_batch {self.max_batch}")
         return self._host_run(batch)
 
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
         if not self.on_device:
             raise EngineError("onnxruntime-cpu is a host engine: use infer(), not enqueue()")
         if not 1 <= batch <= self.max_batch:
             raise EngineError(f"onnxruntime: batch {batch} outside 1..{self.max_batch}")
+        handle = stream.handle  # ORT's CUDA EP takes the stream as an integer (user_compute_stream)
         with self._lock:
-            session = self._sessions.get(stream)
+            session = self._sessions.get(handle)
             if session is None:
-                session = self._sessions[stream] = self._new_session(cuda=True, stream=stream)
+                session = self._sessions[handle] = self._new_session(cuda=True, stream=handle)
         binding = session.io_binding()
         binding.bind_input(
             self._input, "cuda", self.device, self.input_dtype, [batch, *self.input_shape], input_ptr

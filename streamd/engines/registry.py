@@ -14,12 +14,15 @@ import importlib.util
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamd.engines.base import PRECISIONS, Engine, EngineError, input_nbytes, output_nbytes
 from streamd.exitcodes import EX_CONFIG
+
+if TYPE_CHECKING:
+    from streamd.gpu.cuda import Stream
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ class ImageByImage:
             raise EngineError(f"{self.engine.name}: batch {len(batch)} > max_batch {self.max_batch}")
         return np.concatenate([self.engine.infer(batch[i : i + 1]) for i in range(len(batch))])
 
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
         if not 1 <= batch <= self.max_batch:
             raise EngineError(f"{self.engine.name}: batch {batch} outside 1..{self.max_batch}")
         for i in range(batch):

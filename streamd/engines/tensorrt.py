@@ -6,7 +6,8 @@ then one execution context. A cached plan that fails to deserialize (a driver or
 not catch, a truncated file) is deleted and rebuilt once.
 
 Run path (``enqueue``): ``set_input_shape`` when the batch changes, ``set_tensor_address`` for the caller's
-slot buffers, ``execute_async_v3`` on the caller's stream. With ``cuda_graphs`` the first call for a (batch,
+slot buffers, ``execute_async_v3`` on the caller's stream (a ``streamd.gpu.cuda.Stream``; its ``handle`` is
+what TensorRT and the ``CudaApi`` seam take). With ``cuda_graphs`` the first call for a (batch,
 input, output) triple runs normally, then captures the same call into a CUDA graph; later calls launch the
 graph. The context's device memory is shared by all calls, so the engine orders its calls with one event.
 """
@@ -27,7 +28,7 @@ from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
 from streamd.engines.progress import BuildProgress
 from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
-from streamd.gpu.cuda import CUDAError
+from streamd.gpu.cuda import CUDAError, Stream
 from streamd.gpu.driver_api import CudaApi
 from streamd.gpu.graph_cache import GraphCache, GraphKey
 
@@ -240,8 +241,8 @@ class TensorRTEngine:
             detail = "; ".join(self.logger.errors) or "see the TensorRT log"
             raise EngineError(f"TensorRT: execute_async_v3 failed: {detail}")
 
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
-        self._enqueue(input_ptr, output_ptr, batch, stream, self.cuda_graphs)
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+        self._enqueue(input_ptr, output_ptr, batch, stream.handle, self.cuda_graphs)
 
     def _enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int, graphs: bool) -> None:
         if self._closed:

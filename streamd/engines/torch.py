@@ -9,7 +9,8 @@ pads, Split sizes, ...) stay on the host: reading them then needs no device-to-h
 CUDA graph capture the forward pass. Input and output stay FP32 whatever the precision.
 
 Run (``enqueue``): the caller's device pointers are wrapped as tensors (``__cuda_array_interface__``, no
-copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream and writes the output
+copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream (a
+``streamd.gpu.cuda.Stream``: its ``handle``) and writes the output
 in place. With ``cuda_graphs`` the first call for a (batch, input, output) triple runs eagerly (also cuDNN's
 autotuning warm-up) and captures the same call; later calls replay the graph. All graphs share one memory
 pool, which is safe because the engine orders its calls with one event (they never overlap on the GPU).
@@ -27,6 +28,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
+from streamd.gpu.cuda import Stream
 from streamd.gpu.graph_cache import MAX_GRAPHS, GraphCache
 
 log = logging.getLogger(__name__)
@@ -296,7 +298,7 @@ class TorchEngine:
             stream = self._streams[handle] = self._torch.cuda.ExternalStream(handle, device=self.device)
         return stream
 
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int) -> None:
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
         if self._closed:
             raise EngineError("torch engine used after close()")
         if not self.on_device:
@@ -305,10 +307,11 @@ class TorchEngine:
             raise EngineError(f"torch engine: batch {batch} outside 1..{self.max_batch}")
         torch = self._torch
         key = (batch, input_ptr, output_ptr)
+        handle = stream.handle
         with self._lock:
-            ext = self._stream(stream)
+            ext = self._stream(handle)
             with torch.cuda.device(self.device), torch.cuda.stream(ext):
-                if self._last_stream is not None and self._last_stream != stream:
+                if self._last_stream is not None and self._last_stream != handle:
                     ext.wait_event(self._done)
                 graph = self._graphs.get(key)
                 if graph is not None:
@@ -320,7 +323,7 @@ class TorchEngine:
                     if self.cuda_graphs and not self._graphs.failed(batch):
                         self._capture(key, x, y)
                 self._done.record(ext)
-            self._last_stream = stream
+            self._last_stream = handle
 
     def _capture(self, key: tuple[int, int, int], x: Any, y: Any) -> None:
         torch = self._torch
@@ -358,7 +361,7 @@ class TorchEngine:
         d_in, d_out, stream = self._staging
         with torch.cuda.stream(stream):
             d_in[:n].copy_(x, non_blocking=False)
-            self.enqueue(d_in.data_ptr(), d_out.data_ptr(), n, stream.cuda_stream)
+            self.enqueue(d_in.data_ptr(), d_out.data_ptr(), n, Stream.borrow(stream.cuda_stream))
             out = d_out[:n].cpu()
         stream.synchronize()
         return out.numpy()

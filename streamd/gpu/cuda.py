@@ -200,25 +200,37 @@ class Stream:
         self.ctx = ctx
         self.priority = min(max(priority, greatest), least)
         flags = int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING) if non_blocking else 0
-        self.raw = check(drv.cuStreamCreateWithPriority(flags, self.priority), "cuStreamCreateWithPriority")
+        self._raw = check(drv.cuStreamCreateWithPriority(flags, self.priority), "cuStreamCreateWithPriority")
+        self._handle = int(self._raw)
         self.borrowed = False
-        self._finalizer = weakref.finalize(self, _quiet, drv.cuStreamDestroy, self.raw)
+        self._finalizer = weakref.finalize(self, _quiet, drv.cuStreamDestroy, self._raw)
 
     @classmethod
     def borrow(cls, handle: int, ctx: Context | None = None) -> Stream:
-        """Wrap a stream owned by someone else (``torch.cuda.Stream.cuda_stream``...); never destroyed."""
+        """Wrap a stream owned by someone else (``torch.cuda.Stream.cuda_stream``...); never destroyed.
+
+        Needs no CUDA until a driver call uses it: an engine takes a borrowed stream and may hand only its
+        ``handle`` to its library (torch, TensorRT, ONNX Runtime), or to a fake in the tests."""
         self = cls.__new__(cls)
         self.ctx = ctx  # type: ignore[assignment]
         self.priority = 0
-        self.raw = driver().CUstream(int(handle))
+        self._raw = None
+        self._handle = int(handle)
         self.borrowed = True
         self._finalizer = weakref.finalize(self, _quiet, _nothing)  # borrowed: never destroyed by us
         return self
 
     @property
+    def raw(self) -> Any:
+        """The ``CUstream`` for driver calls."""
+        if self._raw is None:
+            self._raw = driver().CUstream(self._handle)
+        return self._raw
+
+    @property
     def handle(self) -> int:
-        """The raw ``CUstream`` as an integer (for torch.cuda.ExternalStream, PyNvVideoCodec, ...)."""
-        return int(self.raw)
+        """The ``CUstream`` as an integer (for torch.cuda.ExternalStream, TensorRT, PyNvVideoCodec, ...)."""
+        return self._handle
 
     def synchronize(self) -> None:
         check(driver().cuStreamSynchronize(self.raw), "cuStreamSynchronize")

@@ -105,7 +105,7 @@ class GpuStages:
             self.ctx.activate()
             buffers.input.fill_u8(0, self.s2)
             for size in self._buckets:
-                self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, self.s2.handle)
+                self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, self.s2)
             self.s2.synchronize()
         return Slot(index, buffers=buffers)
 
@@ -152,7 +152,7 @@ class GpuStages:
         self.s2.wait(buf.events[1])
         n = len(slot.frames)
         size = next((b for b in self._buckets if b >= n), n)
-        self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, self.s2.handle)
+        self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, self.s2)
         buf.events[2].record(self.s2)
 
     def postprocess(self, slot: Slot) -> None:

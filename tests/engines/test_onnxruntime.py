@@ -18,6 +18,7 @@ from streamd.engines import Engine, create_engine, onnx_tools
 from streamd.engines.base import EngineError, input_nbytes, output_nbytes
 from streamd.engines.onnxruntime import OnnxRuntimeEngine
 from streamd.engines.registry import choose_backend
+from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import random_images
 
 _RealSession = ort.InferenceSession
@@ -39,7 +40,7 @@ def test_cpu_engine_contract(models):
         e.infer(x), reference(models["dynamic"], x), rtol=1e-5, atol=1e-5
     )  # fp16: runs FP32
     with pytest.raises(EngineError, match="host engine"):
-        e.enqueue(0, 0, 1, 0)
+        e.enqueue(0, 0, 1, Stream.borrow(1))
     with pytest.raises(EngineError, match="max_batch"):
         e.infer(random_images(5))
     e.close()
@@ -135,7 +136,7 @@ def test_cuda_ep_binds_our_pointers_on_our_stream(models, monkeypatch, precision
     x = random_images(3)
     out = np.zeros((3, *e.output_shape[1:]), np.float32)
     for stream in (11, 11, 12):
-        e.enqueue(x.ctypes.data, out.ctypes.data, 3, stream)
+        e.enqueue(x.ctypes.data, out.ctypes.data, 3, Stream.borrow(stream))
     np.testing.assert_allclose(
         out, reference(models["dynamic"], x), atol=0.1 if precision == "fp16" else 1e-5
     )

@@ -21,6 +21,7 @@ import pytest
 
 from streamd.engines import trt_protocols
 from streamd.engines.tensorrt import TensorRTEngine
+from streamd.gpu.cuda import Stream
 from tests.engines.fake_tensorrt import make_fakes, public_names
 from tests.engines.tiny_models import random_images
 
@@ -129,8 +130,8 @@ def _exercise(version: str, models: dict[str, Path], tmp: Path, monkeypatch: pyt
         e = TensorRTEngine(models[model], max_batch=4, precision=precision, cache_dir=tmp, cuda_api=cuda)
         x = random_images(2)
         out = np.zeros((2, *e.output_shape[1:]), np.float32)
-        e.enqueue(x.ctypes.data, out.ctypes.data, 2, 3)
-        e.enqueue(x.ctypes.data, out.ctypes.data, 2, 4)
+        e.enqueue(x.ctypes.data, out.ctypes.data, 2, Stream.borrow(3))
+        e.enqueue(x.ctypes.data, out.ctypes.data, 2, Stream.borrow(4))
         e.infer(x)
         e.close()
     TensorRTEngine(

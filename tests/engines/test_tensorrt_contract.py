@@ -28,6 +28,7 @@ from streamd.engines.build import add_build_engine_parser, run_build_engine
 from streamd.engines.progress import BuildProgress
 from streamd.engines.registry import choose_backend
 from streamd.engines.tensorrt import TensorRTEngine
+from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import random_images
 
 
@@ -201,7 +202,7 @@ def test_enqueue_with_cuda_graphs(fake_trt, models, tmp_path):
     e = engine(fake_trt, models["dynamic"], tmp_path, max_batch=8)
     x = random_images(8)
     out = np.zeros((8, 84, 320), np.float32)
-    stream = 77
+    stream = Stream.borrow(77)
     e.enqueue(x.ctypes.data, out.ctypes.data, 8, stream)  # runs, then captures
     np.testing.assert_allclose(out, reference(models["dynamic"], x), atol=1e-5)
     assert [c[0] for c in cuda.calls].count("begin_capture") == 1
@@ -214,7 +215,7 @@ def test_enqueue_with_cuda_graphs(fake_trt, models, tmp_path):
     np.testing.assert_allclose(out[:3], reference(models["dynamic"], x[:3]), atol=1e-5)
     assert [c[0] for c in cuda.calls].count("begin_capture") == 2
     assert not [c for c in cuda.calls if c[0] == "wait"]  # one stream: no cross-stream waits
-    e.enqueue(x.ctypes.data, out.ctypes.data, 8, 78)  # another stream waits for the previous call
+    e.enqueue(x.ctypes.data, out.ctypes.data, 8, Stream.borrow(78))  # another stream waits for the last call
     assert ("wait", 78, e._done) in cuda.calls
     with pytest.raises(EngineError, match="batch 9"):
         e.enqueue(x.ctypes.data, out.ctypes.data, 9, stream)
@@ -227,14 +228,14 @@ def test_enqueue_without_graphs_and_when_capture_fails(fake_trt, models, tmp_pat
     out = np.zeros((2, 84, 320), np.float32)
     plain = engine(fake_trt, models["dynamic"], tmp_path, cuda_graphs=False)
     for _ in range(2):
-        plain.enqueue(x.ctypes.data, out.ctypes.data, 2, 5)
+        plain.enqueue(x.ctypes.data, out.ctypes.data, 2, Stream.borrow(5))
     assert not [c for c in cuda.calls if c[0] in ("begin_capture", "launch")]
     np.testing.assert_allclose(out, ref, atol=1e-5)
     cuda.fail_capture = True
     out[:] = 0
     flaky = engine(fake_trt, models["dynamic"], tmp_path)
     for _ in range(2):
-        flaky.enqueue(x.ctypes.data, out.ctypes.data, 2, 5)
+        flaky.enqueue(x.ctypes.data, out.ctypes.data, 2, Stream.borrow(5))
     np.testing.assert_allclose(out, ref, atol=1e-5)
     assert caplog.text.count("no CUDA graph") == 1  # tried once per (batch, stream), then runs plainly
 

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamd.engines.base import EngineError
+from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import random_images
 
 
@@ -112,7 +113,7 @@ def test_cpu_engine_matches_onnxruntime(torch_ready, models, model):
     ref = np.concatenate([reference(models[model], x[i : i + 1]) for i in range(3)])
     np.testing.assert_allclose(e.infer(x), ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(EngineError, match="host engine"):
-        e.enqueue(0, 0, 1, 1)
+        e.enqueue(0, 0, 1, Stream.borrow(1))
     e.close()
     e.close()
 

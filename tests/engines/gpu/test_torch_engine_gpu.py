@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamd.gpu.cuda import Stream
+
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -97,7 +99,7 @@ def run_slots(engine, frames: np.ndarray, batch: int, repeats: int = 2) -> np.nd
             slot_in[:n].copy_(torch.from_numpy(frames[start : start + n]))
             for _ in range(repeats):
                 slot_out.zero_()
-                engine.enqueue(slot_in.data_ptr(), slot_out.data_ptr(), n, stream.cuda_stream)
+                engine.enqueue(slot_in.data_ptr(), slot_out.data_ptr(), n, Stream.borrow(stream.cuda_stream))
             out[start : start + n] = slot_out[:n].cpu().numpy()
     stream.synchronize()
     return out
@@ -220,15 +222,16 @@ def test_enqueue_does_not_wait_for_the_gpu(frames, graphs):
 
     engine = TorchEngine(MODEL, max_batch=4, precision="fp16", device=0, cuda_graphs=graphs)
     stream = torch.cuda.Stream()
+    ours = Stream.borrow(stream.cuda_stream)
     x = torch.from_numpy(frames[:4]).cuda()
     y = torch.empty((4, 84, 3549), device="cuda")
     for _ in range(2):  # the first call may capture (which synchronises once)
-        engine.enqueue(x.data_ptr(), y.data_ptr(), 4, stream.cuda_stream)
+        engine.enqueue(x.data_ptr(), y.data_ptr(), 4, ours)
     stream.synchronize()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued ahead of us
     t = time.perf_counter()
-    engine.enqueue(x.data_ptr(), y.data_ptr(), 4, stream.cuda_stream)
+    engine.enqueue(x.data_ptr(), y.data_ptr(), 4, ours)
     returned_after = time.perf_counter() - t
     assert not stream.query(), "the stream finished already: the sleep was too short to tell"
     stream.synchronize()
@@ -244,7 +247,7 @@ def test_calls_from_two_streams_are_ordered(frames):
     y1 = torch.empty((8, 84, 3549), device="cuda")
     y2 = torch.empty_like(y1)
     for _ in range(3):
-        engine.enqueue(x.data_ptr(), y1.data_ptr(), 8, s1.cuda_stream)
-        engine.enqueue(x.data_ptr(), y2.data_ptr(), 8, s2.cuda_stream)
+        engine.enqueue(x.data_ptr(), y1.data_ptr(), 8, Stream.borrow(s1.cuda_stream))
+        engine.enqueue(x.data_ptr(), y2.data_ptr(), 8, Stream.borrow(s2.cuda_stream))
     torch.cuda.synchronize()
     torch.testing.assert_close(y1, y2)
