@@ -8,8 +8,9 @@ Every figure comes from one run of this script, side by side:
    clip, ``realtime: true`` (paced like a camera), ``loop: true``; after READY a warm-up, then a window.
    From the JSONL output and /proc: offered vs delivered fps, drops (frame-index gaps inside the window =
    frames dropped after decode), p50/p99/max of ``latency_ms.arrival`` (packet in -> result), host CPU ms
-   per frame (all streamd processes), RSS and GPU memory per process, and per-stream fairness (min stream
-   fps / fair share).
+   per frame (all streamd processes), RSS and GPU memory per process, and per-stream fairness: the slowest
+   stream's fps over its offered fps (*min stream share*) and over its fair share (*min fair share*: the
+   offered fps, or delivered / N when the box is past capacity -- max-min fairness with equal demands).
 3. *Restart*: during a live run, ``kill -9`` of one worker: seconds until its streams write again, their
    frame indices continuing; gaps in every other stream; exit status at SIGTERM.
 4. *Pipelined vs serialized*: the same frames (the bundled clip decoded once to host memory) through the same
@@ -186,6 +187,10 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     lat = np.array([r["latency_ms"].get("arrival", r["latency_ms"]["total"]) for r in inside] or [0.0])
     counts = [len(per_stream.get(f"cam{i:03d}", [])) for i in range(n)]
     fair = (min(counts) / seconds) / fps if counts else 0.0
+    # Max-min fair share with equal demands: each stream's offered fps, or an equal split of what was
+    # delivered when the box is past its capacity.
+    share = min(fps, len(inside) / seconds / max(1, n))
+    fair_share = (min(counts) / seconds) / share if counts and share else 0.0
     return {
         "delivered_fps": round(len(inside) / seconds, 1),
         "drops_in_window": gaps,
@@ -193,6 +198,8 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
         "p99_ms": round(float(np.percentile(lat, 99)), 2),
         "max_ms": round(float(lat.max()), 2),
         "min_stream_share": round(fair, 3),
+        "min_fair_share": round(fair_share, 3),
+        "max_stream_share": round((max(counts) / seconds) / fps, 3) if counts else 0.0,
         "streams_seen": len(per_stream),
     }
 
@@ -213,6 +220,15 @@ def live_run(
         if d.wait_for(r"streamd: ready", args.start_timeout) is None:
             row["error"] = "not ready: " + "".join(d.log)[-1500:]
             return row
+        m = d.wait_for(r"over (\d+) worker process", 1)
+        row["workers_started"] = int(m.group(1)) if m else None
+        if m and int(m.group(1)) >= 2 and "spare_worker: false" not in extra:
+            # The spare worker is built after READY; a box that has run for a while has it built and idle.
+            # Building it inside the window would charge its engine build to the figures.
+            t_wait = time.monotonic()
+            row["spare_ready_after_s"] = (
+                round(time.monotonic() - t_wait, 1) if d.wait_for(r"spare worker ready", 120) else None
+            )
         ready_wall = time.time()
         pids = descendants(d.proc.pid)
         row["processes"] = len(pids)
@@ -278,6 +294,8 @@ def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
         row["error"] = "no worker 0 line"
         return row
     victim, first_stream = int(m.group(1)), m.group(2).rstrip(",")
+    # live_run waited for the spare worker (pipeline.spare_worker, on with >= 2 workers) to be built.
+    row["moved_to_spare_expected"] = d.wait_for(r"spare worker ready", 1) is not None
     before = sum(1 for r in read_records(out) if r["stream"] == first_stream)
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -293,6 +311,7 @@ def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
     row["exit"] = code
     records = read_records(out)
     victims = set(re.findall(r"stream\(s\) ([^;]+) affected", "".join(d.log))[0].split(", "))
+    row["moved_to_spare"] = "moved to the spare worker" in "".join(d.log)
     per_stream: dict[str, list[int]] = defaultdict(list)
     for r in records:
         per_stream[r["stream"]].append(r["frame"])
@@ -387,7 +406,17 @@ def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]
                 sched.join()
                 fps = len(done) / (time.perf_counter() - t0)
                 key = f"fps_slots{slots}"
-                result[key] = max(result.get(key, 0.0), round(fps, 1))
+                if fps > result.get(key, 0.0):
+                    result[key] = round(fps, 1)
+                    # where a batch's time goes: host ms per batch in each stage thread, GPU ms per stage
+                    nb = max(1, sched.batches)
+                    result[f"host_ms_slots{slots}"] = {
+                        k: round(v * 1e3 / nb, 3) for k, v in sched.busy_s.items()
+                    }
+                    result[f"gpu_ms_slots{slots}"] = {
+                        k: round(float(np.mean([r.latency_ms[k] for r in done[::batch]])), 3)
+                        for k in ("preprocess", "infer", "postprocess", "host_wait")
+                    }
             result["ratio"] = round(result["fps_slots4"] / result["fps_slots1"], 2)
             rows.append(result)
         finally:
@@ -420,14 +449,23 @@ def main() -> int:
         "--tracking", type=int, nargs="*", default=[], help="stream counts to run with tracking on"
     )
     ap.add_argument("--out", type=Path, default=ROOT / "out")
+    ap.add_argument(
+        "--tmp",
+        type=Path,
+        default=None,
+        help="where the runs' configs and JSONL go (default /dev/shm; a soak "
+        "writes ~1 GB of lines: give it a disk)",
+    )
     args = ap.parse_args()
+    args.clip = args.clip.resolve()  # the configs live elsewhere: relative paths would not resolve
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": os.environ.get("STREAMD_COMMIT", "?"),
         "clip": args.clip.name,
     }
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").exists() else None) as tmp_s:
+    tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").exists() else None)
+    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp_s:
         tmp = Path(tmp_s)
         if args.soak:
             results["soak"] = live_run(args, args.streams[0], tmp, soak_s=args.soak)
@@ -475,8 +513,8 @@ def markdown(r: dict) -> str:
     if rows:
         lines += [
             "| streams | workers | offered fps | delivered fps | drops | p50 ms | p99 ms | max ms "
-            "| min stream share | CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+            "| min stream share | min fair share | CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for x in rows:
             if "error" in x:
@@ -488,6 +526,7 @@ def markdown(r: dict) -> str:
                 f"| {label} | {x.get('workers')} | {x['offered_fps']:.0f} | {x['delivered_fps']} "
                 f"| {x['drops_in_window']} "
                 f"| {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} | {x['min_stream_share']} "
+                f"| {x.get('min_fair_share')} "
                 f"| {x['host_cpu_ms_per_frame']} | {x.get('processes')} | {x['rss_mb_max_process']} "
                 f"| {min(gpu, default=0):.0f}–{max(gpu, default=0):.0f} | {x['exit']} |"
             )
@@ -496,11 +535,18 @@ def markdown(r: dict) -> str:
         lines += ["", f"kill -9 of worker 0 at {x['streams']} streams: back after {x.get('restart_s')} s, "
                   f"{x.get('victim_streams')} streams affected, "
                   f"indices contiguous: {x.get('victims_contiguous')}, "
-                  f"gaps in other streams: {x.get('others_gaps')}, exit {x.get('exit')}"]  # fmt: skip
+                  f"gaps in other streams: {x.get('others_gaps')}, exit {x.get('exit')}, "
+                  f"moved to the spare: {x.get('moved_to_spare')}"]  # fmt: skip
     if "pipelined" in r:
         lines += ["", "| batch | ring_slots 4 fps | ring_slots 1 fps | ratio |", "|---:|---:|---:|---:|"]
         for x in r["pipelined"]:
             lines.append(f"| {x['batch']} | {x['fps_slots4']} | {x['fps_slots1']} | {x['ratio']} |")
+        for x in r["pipelined"]:
+            for slots in (4, 1):
+                lines.append(
+                    f"batch {x['batch']} ring_slots {slots}: host ms/batch {x.get(f'host_ms_slots{slots}')}, "
+                    f"GPU ms {x.get(f'gpu_ms_slots{slots}')}"
+                )
     if "soak" in r:
         x = r["soak"]
         lines += ["", f"soak {x['streams']} streams: delivered {x.get('delivered_fps')} fps, drops "

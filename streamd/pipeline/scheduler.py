@@ -38,14 +38,19 @@ class Scheduler:
         self.error: BaseException | None = None
         self.batches = 0
         self.frames = 0
+        # Host seconds each stage thread spent working (not waiting): which thread bounds the ring.
+        self.busy_s = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0, "collect": 0.0}
         self._free: queue.Queue[Slot] = queue.Queue()
         for i in range(ring_slots):
             self._free.put(stages.new_slot(i))
         self._queues: list[queue.Queue] = [queue.Queue(maxsize=ring_slots) for _ in range(3)]
         steps = [
             ("s1-preprocess", self._feed),
-            ("s2-infer", lambda: self._relay(self._queues[0], self._queues[1], stages.infer)),
-            ("s3-postprocess", lambda: self._relay(self._queues[1], self._queues[2], stages.postprocess)),
+            ("s2-infer", lambda: self._relay(self._queues[0], self._queues[1], stages.infer, "infer")),
+            (
+                "s3-postprocess",
+                lambda: self._relay(self._queues[1], self._queues[2], stages.postprocess, "postprocess"),
+            ),
             ("collect", self._collect),
         ]
         self._threads = [
@@ -101,17 +106,21 @@ class Scheduler:
             slot.frames, slot.stage_ms = batch, {}
             slot.t_start = time.perf_counter()
             self.stages.preprocess(slot)
+            self.busy_s["preprocess"] += time.perf_counter() - slot.t_start
             self._put(self._queues[0], slot)
         self._put(self._queues[0], _STOP)
 
-    def _relay(self, src: queue.Queue, dst: queue.Queue, step: Callable[[Slot], None]) -> None:
+    def _relay(self, src: queue.Queue, dst: queue.Queue, step: Callable[[Slot], None], name: str) -> None:
         while (slot := self._get(src)) is not _STOP:
+            t = time.perf_counter()
             step(slot)
+            self.busy_s[name] += time.perf_counter() - t
             self._put(dst, slot)
         self._put(dst, _STOP)
 
     def _collect(self) -> None:
         while (slot := self._get(self._queues[2])) is not _STOP:
+            t = time.perf_counter()
             detections = self.stages.collect(slot)
             now = time.perf_counter()
             batch_ms = (now - slot.t_start) * 1e3
@@ -127,6 +136,8 @@ class Scheduler:
                 source_det = type(det)(boxes, det.score, det.class_id)
                 results.append(FrameResult(frame, source_det, latency))
             self.on_results(results)
+            # host work only: the wait for the GPU (E3) is the slot's host_wait, not busy time
+            self.busy_s["collect"] += time.perf_counter() - t - slot.stage_ms.get("host_wait", 0.0) / 1e3
             self.batches += 1
             self.frames += len(slot.frames)
             slot.frames, slot.transforms = [], []
