@@ -433,6 +433,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--engine", default="torch", help="onnxruntime: a CPU smoke test of this script")
     ap.add_argument("--workers", default="auto")
+    ap.add_argument(
+        "--also-workers",
+        nargs="*",
+        default=[],
+        help="run each --streams count again with these worker counts",
+    )
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--start-timeout", type=float, default=240.0)
@@ -488,6 +494,14 @@ def main() -> int:
                 row = live_run(args, n, tmp)
                 results["ramp"].append(row)
                 print(json.dumps(row), flush=True)
+            saved_workers = args.workers
+            for workers in args.also_workers:  # the same stream counts over another number of processes
+                args.workers = workers
+                for n in args.streams:
+                    row = live_run(args, n, tmp)
+                    results["ramp"].append(row)
+                    print(json.dumps(row), flush=True)
+            args.workers = saved_workers
             for n in args.tracking:  # the same run with tracking on (issue 9: within 10 % of tracking off)
                 row = live_run(args, n, tmp, extra="tracking:\n  enabled: true\n")
                 results["ramp"].append(row)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU calls of one session, each sized for one `device run` call (< 600 s), results under $OUT.
 #
-#   tools/gpu_session.sh live               # bench_live: ceiling, 1 stream, 120, 175, kill -9 (spare), pipelined;
-#                                           # then tests/gpu, tests/engines/gpu, tests/decode/gpu, tests/pipeline/gpu
+#   tools/gpu_session.sh live               # bench_live: ceiling, 1 stream, 120 (auto and 12 workers), 175,
+#                                           # kill -9 (spare), pipelined; then tests/gpu, tests/engines/gpu
 #   tools/gpu_session.sh soak-start S WAIT  # a soak of 64 live streams for S s in its own process session (setsid:
 #                                           # it outlives the call), then waits WAIT s and prints its samples so far
 #   tools/gpu_session.sh soak-collect       # (next call, machine still warm) waits for it, results to $OUT
-#   tools/gpu_session.sh rest               # tests/analytics/gpu, tests/web/gpu, bench_kernels
+#   tools/gpu_session.sh rest               # tests/{decode,pipeline,analytics,web}/gpu, bench_kernels
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -32,9 +32,9 @@ pack() {  # logs into one archive: the device tool brings back at most 8 files
 case "${1:-}" in
     live)
         work="$OUT/run"; mkdir -p "$work"
-        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 --overload 175 \
---restart 64 --pipelined 1 32" STEP_TIMEOUT=330 tools/gpu_run.sh --bench-only
-        OUT="$work/t" TEST_DIRS="tests/gpu tests/engines/gpu tests/decode/gpu tests/pipeline/gpu" STEP_TIMEOUT=150 \
+        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 --also-workers 12 --overload 175 \
+--restart 64 --pipelined 1 32" STEP_TIMEOUT=400 tools/gpu_run.sh --bench-only
+        OUT="$work/t" TEST_DIRS="tests/gpu tests/engines/gpu" STEP_TIMEOUT=100 \
             tools/gpu_run.sh --tests-only
         cp "$work"/bench_live.md "$work"/bench_live.json "$work/t/summary.md" "$OUT"/ 2>/dev/null
         pack "$work"
@@ -57,7 +57,7 @@ case "${1:-}" in
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
         ;;
     rest)
-        OUT="$OUT/run" TEST_DIRS="tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
+        OUT="$OUT/run" TEST_DIRS="tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
             STEP_TIMEOUT=200 tools/gpu_run.sh
         cp "$OUT/run/summary.md" "$OUT"/; pack "$OUT/run"
         ;;
