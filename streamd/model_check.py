@@ -83,10 +83,10 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
             f"(input {_text(io.input_shape)}); set model.input_size: [{w}, {h}]",
         )
     if io.batch is not None and io.batch > 1:
-        problems.add(
-            "model.path",
-            f"{name} has its batch fixed at {io.batch}; streamd runs a fixed batch only when it is 1 "
-            "(image by image): export the model with a dynamic batch or batch 1",
+        top = -(-e.max_batch // io.batch) * io.batch
+        report.notes.append(
+            f"{name} fixes its batch at {io.batch}: the engine runs {io.batch} rows per call, a smaller "
+            f"batch padded (batches of up to {top}; a dynamic-batch export wastes nothing)"
         )
     elif io.batch == 1 and e.max_batch > 1:
         report.notes.append(

@@ -15,11 +15,17 @@ Two ways to run a loaded model, chosen by ``Engine.on_device``:
   still run one after the other on the GPU, and the buffers of a call may be reused as soon as the caller's
   own events say the GPU has passed it.
 
+A model whose ONNX fixes the batch at N runs N rows per model call whatever the batch
+(``registry.FixedBatch``): a batch is padded up to a multiple of N, so the caller's buffers hold ``max_batch``
+rows (a multiple of N) and rows past ``batch`` are read and written, their results ignored. A backend's own
+engine reports such a model's batch in ``batch_fixed`` (None: dynamic) and takes exactly N rows.
+
 Backends are chosen, loaded and checked by ``streamd.engines.registry.create_engine``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -80,3 +86,16 @@ def output_nbytes(engine: Engine, batch: int) -> int:
 def input_nbytes(engine: Engine, batch: int) -> int:
     """Bytes of the input buffer ``enqueue`` reads for ``batch`` images."""
     return batch * int(np.prod(engine.input_shape, dtype=np.int64)) * engine.input_dtype.itemsize
+
+
+def run_padded(run: Callable[[np.ndarray], np.ndarray], batch: np.ndarray, n: int) -> np.ndarray:
+    """``run`` takes exactly ``n`` rows (a fixed-batch model): ``batch`` goes through it in chunks of ``n``,
+    the last one padded with zeros; the outputs of the padding rows are dropped."""
+    outs = []
+    for start in range(0, len(batch), n):
+        chunk = np.asarray(batch[start : start + n])
+        rows = len(chunk)
+        if rows < n:
+            chunk = np.concatenate([chunk, np.zeros((n - rows, *chunk.shape[1:]), chunk.dtype)])
+        outs.append(np.asarray(run(chunk))[:rows])
+    return np.concatenate(outs)

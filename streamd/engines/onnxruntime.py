@@ -6,7 +6,8 @@ works on both kinds of machine). CUDA EP: ``enqueue`` binds the caller's device 
 runs on the caller's stream (``user_compute_stream``; one session per stream, since ORT fixes the stream when
 the session is made) without a host synchronisation at the end of the run; ``fp16`` converts the ONNX to FP16
 with FP32 input/output (``onnx_tools.convert_to_fp16``). A fixed-batch-1 model is made batch-dynamic when
-that is proven equivalent; otherwise it runs image by image.
+that is proven equivalent; otherwise, as any fixed batch N, the engine takes exactly N rows (``batch_fixed``)
+and ``create_engine`` pads batches to it (``registry.FixedBatch``).
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class OnnxRuntimeEngine:
         self._opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.device = device
         self._input, self._output = io.input_name, io.output_name
-        self.batch_fixed = io.batch
-        self.max_batch = max_batch if io.batch is None else min(max_batch, io.batch)
+        self.batch_fixed = io.batch  # None: dynamic; else every run takes exactly this many rows
+        self.max_batch = max_batch if io.batch is None else io.batch
         self.input_shape = io.chw
         self.input_dtype = _elem_dtype(io.input_elem_type)
         self._sessions: dict[int, Any] = {}  # CUDA EP: one session per caller stream
@@ -93,8 +94,8 @@ class OnnxRuntimeEngine:
         self.output_dtype = np.dtype(np.float16 if out_type == "tensor(float16)" else np.float32)
         self._run_options = ort.RunOptions()
         self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        probe = self._host_run(np.zeros((1, *self.input_shape), self.input_dtype))
-        self.output_shape = tuple(int(d) for d in probe.shape)
+        probe = self._host_run(np.zeros((io.batch or 1, *self.input_shape), self.input_dtype))
+        self.output_shape = (1, *(int(d) for d in probe.shape[1:]))
 
     def _new_session(self, cuda: bool, stream: int | None = None) -> Any:
         providers: list[Any] = ["CPUExecutionProvider"]
@@ -111,21 +112,25 @@ class OnnxRuntimeEngine:
             ) from exc
 
     def _host_run(self, batch: np.ndarray) -> np.ndarray:
-        if self.batch_fixed == 1 and len(batch) > 1:  # a batch-1 model that could not be made dynamic
-            return np.concatenate([self._host_run(batch[i : i + 1]) for i in range(len(batch))])
         (out,) = self._session.run([self._output], {self._input: np.asarray(batch, self.input_dtype)})
         return np.asarray(out)
 
+    def _check_batch(self, batch: int) -> None:
+        if self.batch_fixed is not None and batch != self.batch_fixed:
+            raise EngineError(f"onnxruntime: the model's batch is fixed at {self.batch_fixed}, got {batch}")
+        if batch > self.max_batch:
+            raise EngineError(f"onnxruntime: batch {batch} > max_batch {self.max_batch}")
+
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        if len(batch) > self.max_batch:
-            raise EngineError(f"onnxruntime: batch {len(batch)} > max_batch {self.max_batch}")
+        self._check_batch(len(batch))
         return self._host_run(batch)
 
     def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
         if not self.on_device:
             raise EngineError("onnxruntime-cpu is a host engine: use infer(), not enqueue()")
-        if not 1 <= batch <= self.max_batch:
+        if batch < 1:
             raise EngineError(f"onnxruntime: batch {batch} outside 1..{self.max_batch}")
+        self._check_batch(batch)
         handle = stream.handle  # ORT's CUDA EP takes the stream as an integer (user_compute_stream)
         with self._lock:
             session = self._sessions.get(handle)

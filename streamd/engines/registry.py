@@ -1,4 +1,5 @@
-"""Backends by name, ``create_engine`` (choose, load, check, fall back) and the fixed-batch adapter.
+"""Backends by name, ``create_engine`` (choose, load, check, fall back) and the fixed-batch adapter
+(``FixedBatch``: a model whose ONNX fixes the batch at N runs N rows per call, smaller batches padded).
 
 ``create_engine`` picks the backend by name and imports its module only then, so the CPU path never
 imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamd.engines.base import PRECISIONS, Engine, EngineError, input_nbytes, output_nbytes
+from streamd.engines.base import PRECISIONS, Engine, EngineError, input_nbytes, output_nbytes, run_padded
 from streamd.exitcodes import EX_CONFIG
 
 if TYPE_CHECKING:
@@ -131,8 +132,11 @@ def create_engine(
             log.warning(
                 "engine: %s %s (%s); engine.type auto falls back to %s", name, what, error, order[index + 1]
             )
-    if engine.max_batch < max_batch:
-        engine = _fixed_batch(engine, max_batch, Path(model_path))
+    fixed = getattr(engine, "batch_fixed", None)
+    if fixed is None and engine.max_batch < max_batch:  # no batch_fixed: its max is all it takes
+        fixed = engine.max_batch
+    if fixed is not None and (fixed > 1 or max_batch > 1):
+        engine = _fixed_batch(engine, fixed, max_batch, Path(model_path))
     log.info(
         "engine: %s (%s, max batch %d, %s in, %s out)",
         engine.name,
@@ -174,47 +178,61 @@ def _as_engine_error(name: str, exc: Exception) -> EngineError:
     return EngineError(f"engine {name}: {type(exc).__name__}: {exc}")
 
 
-class ImageByImage:
-    """A batch-1 engine serving batches of up to ``max_batch`` one image at a time (models whose ONNX fixes
-    the batch at 1 and cannot be proven equivalent with a dynamic batch). Everything else is the engine's."""
+class FixedBatch:
+    """An engine whose model fixes its batch at ``n`` (``engine.batch_fixed``) serving any batch of up to
+    ``max_batch`` rows, rounded up to a multiple of ``n``: the model runs on ``n`` rows at a time, a partial
+    chunk padded (host: zeros; device: whatever the caller's buffer holds past ``batch``, which holds
+    ``max_batch`` rows) and the padding rows' outputs ignored. ``n`` = 1 is image by image (a batch-1 model
+    that cannot be proven equivalent with a dynamic batch). Everything else is the engine's."""
 
-    def __init__(self, engine: Engine, max_batch: int) -> None:
+    def __init__(self, engine: Engine, n: int, max_batch: int) -> None:
         self.engine = engine
-        self.max_batch = max_batch
-        self._in_bytes = input_nbytes(engine, 1)
-        self._out_bytes = output_nbytes(engine, 1)
+        self.pinned_batch = n
+        self.max_batch = -(-max_batch // n) * n
+        self._in_bytes = input_nbytes(engine, n)
+        self._out_bytes = output_nbytes(engine, n)
 
     def __getattr__(self, name: str) -> Any:  # name, on_device, shapes, dtypes, backend extras
         return getattr(self.engine, name)
 
-    def infer(self, batch: np.ndarray) -> np.ndarray:
-        if len(batch) > self.max_batch:
-            raise EngineError(f"{self.engine.name}: batch {len(batch)} > max_batch {self.max_batch}")
-        return np.concatenate([self.engine.infer(batch[i : i + 1]) for i in range(len(batch))])
-
-    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+    def _check(self, batch: int) -> None:
         if not 1 <= batch <= self.max_batch:
             raise EngineError(f"{self.engine.name}: batch {batch} outside 1..{self.max_batch}")
-        for i in range(batch):
-            self.engine.enqueue(input_ptr + i * self._in_bytes, output_ptr + i * self._out_bytes, 1, stream)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        self._check(len(batch))
+        return run_padded(self.engine.infer, batch, self.pinned_batch)
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+        self._check(batch)
+        for k in range(-(-batch // self.pinned_batch)):
+            self.engine.enqueue(
+                input_ptr + k * self._in_bytes, output_ptr + k * self._out_bytes, self.pinned_batch, stream
+            )
 
     def close(self) -> None:
         self.engine.close()
 
 
-def _fixed_batch(engine: Engine, max_batch: int, model_path: Path) -> Engine:
-    """The engine for a model whose batch is fixed below ``max_batch``: batch 1 runs image by image."""
-    if engine.max_batch != 1:
-        engine.close()
-        raise EngineError(
-            f"model.path: {model_path.name} has its batch fixed at {engine.max_batch}; streamd runs a fixed "
-            "batch only when it is 1 (image by image): export the model with a dynamic batch or batch 1",
-            EX_CONFIG,
+def _fixed_batch(engine: Engine, n: int, max_batch: int, model_path: Path) -> Engine:
+    """The engine for a model whose batch is fixed at ``n``: ``n`` rows per model call (one log line)."""
+    wrapped = FixedBatch(engine, n, max_batch)
+    if n == 1:
+        log.info(
+            "engine: %s fixes its batch at 1 and cannot be made batch-dynamic: batches of up to %d run "
+            "image by image",
+            model_path.name,
+            wrapped.max_batch,
         )
-    log.info(
-        "engine: %s fixes its batch at 1 and cannot be made batch-dynamic: batches of up to %d run "
-        "image by image",
-        model_path.name,
-        max_batch,
-    )
-    return ImageByImage(engine, max_batch)
+    else:
+        rounded = (
+            f" (engine.max_batch {max_batch} rounded up to a multiple of {n})"
+            if wrapped.max_batch != max_batch
+            else ""
+        )
+        log.info(
+            "engine: %s fixes its batch at %d: the engine runs %d rows per call, a smaller batch padded (the "
+            "extra rows' results ignored); batches of up to %d%s",
+            model_path.name, n, n, wrapped.max_batch, rounded,
+        )  # fmt: skip
+    return wrapped

@@ -212,6 +212,7 @@ class TensorRTEngine:
         else:
             self.max_batch = int(shape[0])
         self.min_batch = 1 if shape[0] == -1 else self.max_batch
+        self.batch_fixed = None if shape[0] == -1 else self.max_batch  # create_engine pads batches to it
         self.context.set_input_shape(self.input_name, (self.min_batch, c, h, w))
         out = tuple(int(d) for d in self.context.get_tensor_shape(self.output_name))
         if any(d < 0 for d in out):

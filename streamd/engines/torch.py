@@ -244,10 +244,14 @@ class TorchEngine:
         self.input_shape = io.chw
         self.input_dtype = np.dtype(np.float32)
         self.output_dtype = np.dtype(np.float32)
-        self.max_batch = max_batch if io.batch is None else min(max_batch, io.batch)
+        self.batch_fixed = io.batch  # None: dynamic; else every call takes exactly this many rows
+        self.max_batch = max_batch if io.batch is None else io.batch
         self._compute_dtype = torch.float16 if self.half else torch.float32
         self.name = f"torch-{'cpu' if on_cpu else 'cuda'}-{'fp16' if self.half else 'fp32'}"
-        probe = torch.from_numpy(np.random.default_rng(0).standard_normal((1, *self.input_shape), np.float32))
+        rows = io.batch or 1
+        probe = torch.from_numpy(
+            np.random.default_rng(0).standard_normal((rows, *self.input_shape), np.float32)
+        )
         self.module = place(cpu_module, self.device, self.half, self.channels_last)
         try:
             out = self._forward(probe.to(self.device))
@@ -257,7 +261,7 @@ class TorchEngine:
             fresh = convert_model(model_path, max_batch)[0]
             self.module = place(fresh, self.device, self.half, self.channels_last, host_constants=False)
             out = self._forward(probe.to(self.device))
-        self.output_shape = tuple(int(d) for d in out.shape)
+        self.output_shape = (1, *(int(d) for d in out.shape[1:]))
         self._lock = threading.Lock()
         self._graphs: GraphCache[Any] = GraphCache()  # torch frees a dropped graph; failures per batch size
         self._streams: dict[int, Any] = {}
@@ -303,8 +307,7 @@ class TorchEngine:
             raise EngineError("torch engine used after close()")
         if not self.on_device:
             raise EngineError("torch engine on the CPU is a host engine: use infer()")
-        if not 1 <= batch <= self.max_batch:
-            raise EngineError(f"torch engine: batch {batch} outside 1..{self.max_batch}")
+        self._check_batch(batch)
         torch = self._torch
         key = (batch, input_ptr, output_ptr)
         handle = stream.handle
@@ -325,6 +328,12 @@ class TorchEngine:
                 self._done.record(ext)
             self._last_stream = handle
 
+    def _check_batch(self, batch: int) -> None:
+        if self.batch_fixed is not None and batch != self.batch_fixed:
+            raise EngineError(f"torch engine: the model's batch is fixed at {self.batch_fixed}, got {batch}")
+        if not 1 <= batch <= self.max_batch:
+            raise EngineError(f"torch engine: batch {batch} outside 1..{self.max_batch}")
+
     def _capture(self, key: tuple[int, int, int], x: Any, y: Any) -> None:
         torch = self._torch
         graph = torch.cuda.CUDAGraph()
@@ -344,8 +353,7 @@ class TorchEngine:
         private stream (the pipeline's code path, graphs included), then waited for."""
         torch = self._torch
         n = len(batch)
-        if not 1 <= n <= self.max_batch:
-            raise EngineError(f"torch engine: batch {n} outside 1..{self.max_batch}")
+        self._check_batch(n)
         x = torch.from_numpy(np.ascontiguousarray(batch, dtype=self.input_dtype))
         if not self.on_device:
             return self._forward(x).float().numpy()

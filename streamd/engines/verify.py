@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from streamd.engines.base import EngineError
+from streamd.engines.base import EngineError, run_padded
 from streamd.engines.compare import TOLERANCES, OutputError, compare
 from streamd.engines.compare import Tolerance as Tolerance  # re-exported: tests and benches read them here
 from streamd.engines.compare import match_detections as match_detections
@@ -157,7 +157,8 @@ def make_inputs(shape: tuple[int, int, int], preprocess: Any) -> np.ndarray:
 
 
 def _reference_outputs(model_path: Path, batch: np.ndarray) -> tuple[str, np.ndarray]:
-    """ONNX Runtime CPU on the original ONNX file, image by image (works for fixed-batch models too)."""
+    """ONNX Runtime CPU on the original ONNX file, image by image (a model with a fixed batch N > 1 gets each
+    image padded to N rows)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -166,13 +167,20 @@ def _reference_outputs(model_path: Path, batch: np.ndarray) -> tuple[str, np.nda
         session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises several types for a bad model
         raise EngineError(f"engine verification: ONNX Runtime cannot load {model_path}: {exc}") from exc
-    name = session.get_inputs()[0].name
-    out = session.get_outputs()[0].name
-    results = [session.run([out], {name: batch[i : i + 1]})[0] for i in range(len(batch))]
-    return out, np.concatenate(results)
+    first = session.get_inputs()[0]
+    name, out = first.name, session.get_outputs()[0].name
+    fixed = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 1 else 1
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        return np.asarray(session.run([out], {name: rows})[0])
+
+    return out, np.concatenate([run_padded(run, batch[i : i + 1], fixed) for i in range(len(batch))])
 
 
 def _engine_outputs(engine: Any, batch: np.ndarray) -> np.ndarray:
+    fixed = getattr(engine, "batch_fixed", None)
+    if fixed:  # the backend's engine for a fixed-batch model takes exactly that many rows
+        return np.asarray(run_padded(engine.infer, batch, int(fixed)), np.float32)
     step = max(1, int(engine.max_batch))
     parts = [np.asarray(engine.infer(batch[i : i + step]), np.float32) for i in range(0, len(batch), step)]
     return np.concatenate(parts)

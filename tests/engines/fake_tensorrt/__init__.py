@@ -436,7 +436,7 @@ def make_fakes(version: str = "10.16.1.11", gpu: tuple[str, tuple[int, int]] = (
                 tuple(tuple(s) for s in plan["profile"]) if plan["profile"] else (shape, shape, shape)
             )
             self._session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
-            probe = np.zeros((1, *shape[1:]), np.float32)
+            probe = np.zeros((max(shape[0], 1), *shape[1:]), np.float32)  # a fixed batch N: N rows
             self._out_per_image = tuple(self._session.run(None, {plan["input"]: probe})[0].shape[1:])
 
         def _run(self, shape: tuple[int, ...], a_in: int, a_out: int) -> None:
