@@ -25,7 +25,13 @@ from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, engines_dir, platform_tag
 from streamd.engines.progress import BuildProgress
-from streamd.engines.trt_protocols import ICudaEngine, IHostMemory, INetworkDefinition, TensorRTModule
+from streamd.engines.trt_protocols import (
+    ICudaEngine,
+    IHostMemory,
+    INetworkDefinition,
+    OnnxParser,
+    TensorRTModule,
+)
 
 log = logging.getLogger(__name__)
 trt_log = logging.getLogger("streamd.engines.tensorrt.trt")
@@ -223,7 +229,7 @@ def make_progress_monitor(trt: TensorRTModule, progress: BuildProgress) -> Any:
     return _Monitor()
 
 
-def parser_errors(parser: Any, onnx_path: Path) -> str:
+def parser_errors(parser: OnnxParser, onnx_path: Path) -> str:
     """One line per ONNX parser error, naming the node (index, operator, name) and the parser's location."""
     lines = []
     for i in range(parser.num_errors):

@@ -29,12 +29,8 @@ DATA = Path(__file__).parent / "data"
 VERSIONS = {10: "10.16.1.11", 11: "11.4.0.106"}
 
 # Protocol class -> owner name in the bindings (module level is "tensorrt").
-OWNERS = {
-    "TensorRTModule": "tensorrt",
-    "Severity": "ILogger.Severity",
-    "ILoggerClass": "ILogger",
-}
-SKIP_PROTOCOLS = {"EnumValue"}  # typing helper: pybind11 enum members' own __int__ / name
+OWNERS = {"TensorRTModule": "tensorrt"}
+SKIP_PROTOCOLS = {"EnumValue"}  # typing helper: pybind11 enum members' own __int__
 
 
 class RealAPI:
