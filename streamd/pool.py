@@ -4,6 +4,12 @@ restarting the ones that die (with backoff, or onto the spare worker) and stoppi
 A worker slot (``WorkerSlot``) outlives its processes: when the process dies, the slot keeps the counters of
 the earlier incarnations and the streams resume in a new process with their frame indices continuing. Every
 process gets one reader thread that feeds its JSON lines to the sinks in order.
+
+Frame indices and counters belong to the stream id for the whole run, whichever process carries it: a stream
+resumes after its newest line written (``resume_for``), and its counters are summed over every process that
+carried it (``streamd.status.snapshot``): a dead incarnation's counters are folded into its slot's ``base``
+(``_retire``), and a slot that will never run again (a reload retired it, or it finished or gave up) is
+folded, once its last stats are in, into the pool's ``past`` slot (``archive_finished``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -37,6 +43,24 @@ COUNTERS = (
     "reconnects",
     "stalls",
 )
+
+
+def add_counters(into: dict[str, int], stats: Mapping[str, Any]) -> None:
+    """Add one process's counters of a stream (``COUNTERS``) to ``into``."""
+    for key in COUNTERS:
+        into[key] += int(stats.get(key, 0))
+
+
+def add_latency(into: dict[str, dict], histograms: Mapping[str, Mapping[str, Any]]) -> None:
+    """Add one process's latency histograms of a stream (``LatencyHistograms.to_dict()``) to ``into``."""
+    for stage, h in histograms.items():
+        total = into.get(stage)
+        if total is None:
+            into[stage] = {"counts": list(h["counts"]), "sum": h["sum"], "count": h["count"]}
+            continue
+        total["counts"] = [a + b for a, b in zip(total["counts"], h["counts"], strict=True)]
+        total["sum"] += h["sum"]
+        total["count"] += h["count"]
 
 
 def gpu_present() -> bool:
@@ -75,6 +99,8 @@ class WorkerSlot:
     error: tuple[int, str] | None = None  # a start-up failure the worker reported
     stats: dict[str, Any] = field(default_factory=dict)
     base: dict[str, dict[str, int]] = field(default_factory=dict)  # counters of earlier incarnations
+    base_latency: dict[str, dict[str, dict]] = field(default_factory=dict)  # their latency histograms
+    archived: bool = False  # finished for good: its counters are in WorkerPool.past (stats kept for display)
     lines: int = 0  # lines received from every incarnation (progress)
     base_results: int = 0  # frames inferred by earlier incarnations
     restarts: int = 0
@@ -126,6 +152,11 @@ class WorkerPool:
         self._snapshot_lock = threading.Lock()
         self.sink_set: SinkSet | None = None
         self.last_result_at = 0.0  # perf_counter: last result received
+        # Held while counters move between a slot's stats and its base (or to the spare) and while a
+        # snapshot sums them: a snapshot never counts them twice, so totals never go back.
+        self.counters_lock = threading.Lock()
+        # The counters of slots that will never run again (archive_finished), in a slot's base fields.
+        self.past = WorkerSlot(-1, (), 0)
 
     def start(self, sink_set: SinkSet) -> None:
         """Start a process for every slot; their lines go to ``sink_set``."""
@@ -194,10 +225,12 @@ class WorkerPool:
             return False
         resume = self.resume_for(dead.stream_ids)
         spare.index, spare.stream_ids = dead.index, dead.stream_ids
-        spare.base, spare.lines, spare.base_results = dead.base, dead.lines, dead.base_results
+        with self.counters_lock:
+            spare.base, spare.base_latency = dead.base, dead.base_latency
+            spare.lines, spare.base_results = dead.lines, dead.base_results
+            self.workers[self.workers.index(dead)] = spare
         spare.restarts, spare.crashes_in_a_row = dead.restarts, dead.crashes_in_a_row
         spare.ready = False  # ready again once its streams run
-        self.workers[self.workers.index(dead)] = spare
         for sid in dead.stream_ids:
             self.owner[sid] = spare
         self.spare, self._spare_at = None, time.monotonic() + 1.0
@@ -285,6 +318,7 @@ class WorkerPool:
 
     def check_workers(self) -> None:
         """Restart workers that died without finishing (segfault in a native decoder, OOM kill, kill -9)."""
+        self.archive_finished()
         now = time.monotonic()
         for w in self.workers:
             if w.done or w.gave_up or w.retired or self.stop.is_set():
@@ -331,14 +365,35 @@ class WorkerPool:
                 w.index, w.process.pid, why, ", ".join(w.stream_ids), delay, w.restarts,
             )  # fmt: skip
 
+    def archive_finished(self) -> None:
+        """Fold the counters of slots that will never run again (retired by a reload, finished, given up)
+        into ``past`` once their last stats are in, so a snapshot sums only the live slots however many
+        reloads came before."""
+        for w in self.workers:
+            if w.archived or not (w.retired or w.done or w.gave_up) or w.alive:
+                continue
+            if w.reader is not None and w.reader.is_alive():  # its last stats may still be on the way
+                continue
+            with self.counters_lock:
+                past = self.past
+                for sid, base in w.base.items():
+                    add_counters(past.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), base)
+                for sid, lat in w.base_latency.items():
+                    add_latency(past.base_latency.setdefault(sid, {}), lat)
+                for sid, s in w.stats.get("per_stream", {}).items():
+                    add_counters(past.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), s)
+                    add_latency(past.base_latency.setdefault(sid, {}), s.get("latency", {}))
+                past.base_results += w.base_results + int(w.stats.get("results", 0))
+                w.archived = True
+
     def _retire(self, w: WorkerSlot) -> None:
         """Fold a dead incarnation's counters into the worker's base so totals never go back."""
-        for sid, s in w.stats.get("per_stream", {}).items():
-            base = w.base.setdefault(sid, dict.fromkeys(COUNTERS, 0))
-            for key in COUNTERS:
-                base[key] += int(s.get(key, 0))
-        w.base_results += int(w.stats.get("results", 0))
-        w.stats = {}
+        with self.counters_lock:
+            for sid, s in w.stats.get("per_stream", {}).items():
+                add_counters(w.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), s)
+                add_latency(w.base_latency.setdefault(sid, {}), s.get("latency", {}))
+            w.base_results += int(w.stats.get("results", 0))
+            w.stats = {}
         if w.conn is not None:
             w.conn.close()
             w.conn = None

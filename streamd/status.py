@@ -8,10 +8,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streamd.pool import COUNTERS, WorkerSlot
+from streamd.pool import COUNTERS, WorkerSlot, add_counters, add_latency
 from streamd.sinks.base import LineSink
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
@@ -21,39 +21,61 @@ def snapshot(
     workers: Sequence[WorkerSlot],
     sinks: Sequence[LineSink],
     *,
+    owner: Mapping[str, WorkerSlot],
+    past: WorkerSlot | None = None,
     started: float,
     batch_size: int,
     stall_s: float,
 ) -> dict:
-    """Counters of every worker (earlier incarnations included), plain values only. ``started`` is the
-    monotonic start time, ``batch_size`` the configured one (until a worker reports its own)."""
+    """Counters of every worker (earlier incarnations included), plain values only. ``owner`` maps each
+    configured stream, in config order, to the slot that carries it (or carried it, while a reload moves
+    it); ``past`` holds the counters of archived slots (``WorkerPool.archive_finished``); ``started`` is the
+    monotonic start time, ``batch_size`` the configured one (until a worker reports its own).
+
+    A stream's counters and latency histograms are those of every process that ever carried it, so they
+    never go back (``/metrics`` exports them as Prometheus counters, the summary counts the whole run): a
+    slot's ``base`` holds its dead incarnations' (``WorkerPool._retire``), its ``stats`` the current or last
+    process's, a slot a reload retired keeps its last stats until it is archived into ``past``; so when a
+    reload moves a stream to another slot the sum goes on. Totals count every stream, also those a reload
+    removed (until their removal)."""
     elapsed = max(time.monotonic() - started, 1e-9)
-    per_stream: dict[str, dict[str, Any]] = {}
-    for w in workers:
-        if w.retired:  # a reload moved or removed its streams
-            continue
+    counts: dict[str, dict[str, int]] = {}  # per stream, every process that carried it
+    latency: dict[str, dict[str, dict]] = {}
+    counted = [w for w in workers if not w.archived]
+    for w in [*counted, *([past] if past is not None else [])]:
         current = w.stats.get("per_stream", {})
-        for sid in w.stream_ids:
-            s = dict(current.get(sid, {}))
-            base = w.base.get(sid, {})
-            for key in COUNTERS:
-                s[key] = int(s.get(key, 0)) + base.get(key, 0)
-            if w.gave_up:
-                s["state"] = "failed"
-            elif not w.alive and not w.done:
-                s["state"] = "restarting" if w.restarts else "starting"
-            else:
-                s.setdefault("state", "starting")
-            s["worker"] = w.index
-            per_stream[sid] = s
-    results = sum(w.base_results + w.stats.get("results", 0) for w in workers)
+        for sid, base in list(w.base.items()):
+            add_counters(counts.setdefault(sid, dict.fromkeys(COUNTERS, 0)), base)
+        for sid, lat in list(w.base_latency.items()):
+            add_latency(latency.setdefault(sid, {}), lat)
+        for sid, s in current.items():
+            add_counters(counts.setdefault(sid, dict.fromkeys(COUNTERS, 0)), s)
+            add_latency(latency.setdefault(sid, {}), s.get("latency", {}))
+    per_stream: dict[str, dict[str, Any]] = {}
+    for sid, w in owner.items():
+        s = dict(w.stats.get("per_stream", {}).get(sid, {}))
+        s.update(counts.get(sid, dict.fromkeys(COUNTERS, 0)))
+        s["latency"] = latency.get(sid, {})
+        if w.gave_up:
+            s["state"] = "failed"
+        elif w.retired and not w.alive:  # a reload moves it: it starts again in a new worker
+            s["state"], s["fps"], s["decode_fps"], s["behind"] = "starting", 0.0, 0.0, False
+        elif not w.alive and not w.done:
+            s["state"] = "restarting" if w.restarts else "starting"
+        else:
+            s.setdefault("state", "starting")
+        s["worker"] = w.index
+        per_stream[sid] = s
+    results = sum(w.base_results + w.stats.get("results", 0) for w in counted)
+    results += past.base_results if past is not None else 0
     return {
         "elapsed_s": elapsed,
         "results": results,
         "fps": results / elapsed,
-        "dropped": sum(s["dropped"] for s in per_stream.values()),
-        "decode_errors": sum(s["decode_errors"] for s in per_stream.values()),
-        "skipped": sum(s["skipped"] for s in per_stream.values()),
+        # the whole run: streams a reload removed count until their removal
+        "dropped": sum(c["dropped"] for c in counts.values()),
+        "decode_errors": sum(c["decode_errors"] for c in counts.values()),
+        "skipped": sum(c["skipped"] for c in counts.values()),
         "streams": {sid: s["state"] for sid, s in per_stream.items()},
         "per_stream": per_stream,
         "workers": {

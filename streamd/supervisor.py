@@ -245,8 +245,16 @@ class Supervisor:
         """Re-read the config file. Invalid: refused with `streamd check`'s messages; the running config
         stays. Valid: sinks that changed are swapped (SinkSet.reconfigure); streams added or changed start in
         a new worker; removed or changed ones leave with their worker, which drains first (a stream sharing
-        it moves to a new worker, its frame numbering continuing); the untouched streams never notice.
-        Model, engine, pipeline and metrics changes need a restart: logged, not applied."""
+        it moves to a new worker); the untouched streams never notice. A model or engine change switches
+        each worker to a successor (``_switch_model``); pipeline and metrics changes need a restart: logged,
+        not applied.
+
+        A stream id keeps its frame numbering and its counters for the whole run, whichever worker carries
+        it: a moved stream continues after its newest line written, and so does a changed one (same id: a
+        consumer keyed on stream and frame never sees an index twice, ``frame`` only increases), and its
+        counters go on from where they were (summed over every worker that carried it, ``status.snapshot``;
+        /metrics counters never go back). A removed stream's counts stay in the run's totals; if it is
+        added back, it continues too."""
         systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             self._apply_reload()
@@ -382,14 +390,20 @@ class Supervisor:
 
     # -- status ----------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """Counters for the status line, the summary and /metrics (plain values, no pipeline objects)."""
-        return status.snapshot(
-            self.workers,
-            self.sinks,
-            started=self._t0,
-            batch_size=self.config.pipeline.batch_size,
-            stall_s=self.STALL_S,
-        )
+        """Counters for the status line, the summary and /metrics (plain values, no pipeline objects); a
+        stream's counters cover every process that carried it (restarts, reload moves: never back)."""
+        owner = self.pool.owner  # each configured stream's slot, in config order (also the metrics thread)
+        streams = {sid: w for sid in self.config.stream_ids if (w := owner.get(sid)) is not None}
+        with self.pool.counters_lock:
+            return status.snapshot(
+                self.workers,
+                self.sinks,
+                owner=streams,
+                past=self.pool.past,
+                started=self._t0,
+                batch_size=self.config.pipeline.batch_size,
+                stall_s=self.STALL_S,
+            )
 
     def _tick(self) -> None:
         """Four times a second on the main thread: progress, systemd watchdog and status, the status line."""
