@@ -173,6 +173,29 @@ def read_records(path: Path) -> list[dict]:
     return out
 
 
+class Tail:
+    """New complete lines of a growing JSONL file (a soak's file is ~1 GB: never re-read it per poll)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.rest = path, path.stat().st_size if path.exists() else 0, b""
+
+    def records(self) -> list[dict]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "type" not in r:
+                out.append(r)
+        return out
+
+
 def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) -> dict:
     """Figures over lines whose decode time lies in [t0, t1)."""
     inside = [r for r in records if t0 <= r["time"] < t1]
@@ -205,12 +228,22 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
 
 
 def live_run(
-    args, n: int, tmp: Path, *, kill_worker: bool = False, soak_s: float = 0.0, extra: str = ""
+    args,
+    n: int,
+    tmp: Path,
+    *,
+    kill_worker: bool = False,
+    soak_s: float = 0.0,
+    extra: str = "",
+    spare: bool = True,
 ) -> dict:
     out = tmp / f"live-{n}.jsonl"
     out.unlink(missing_ok=True)
     cfg = tmp / f"live-{n}.yaml"
-    text = config_text(args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine)
+    text = config_text(
+        args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
+        extra="" if spare else "  spare_worker: false\n",
+    )  # fmt: skip
     cfg.write_text(text + extra)
     d = Daemon(cfg)
     row: dict = {"streams": n, "offered_fps": n * args.fps, "workers": args.workers}
@@ -222,7 +255,8 @@ def live_run(
             return row
         m = d.wait_for(r"over (\d+) worker process", 1)
         row["workers_started"] = int(m.group(1)) if m else None
-        if m and int(m.group(1)) >= 2 and "spare_worker: false" not in extra:
+        row["spare_worker"] = spare
+        if m and int(m.group(1)) >= 2 and spare:
             # The spare worker is built after READY; a box that has run for a while has it built and idle.
             # Building it inside the window would charge its engine build to the figures.
             t_wait = time.monotonic()
@@ -296,15 +330,16 @@ def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
     victim, first_stream = int(m.group(1)), m.group(2).rstrip(",")
     # live_run waited for the spare worker (pipeline.spare_worker, on with >= 2 workers) to be built.
     row["moved_to_spare_expected"] = d.wait_for(r"spare worker ready", 1) is not None
-    before = sum(1 for r in read_records(out) if r["stream"] == first_stream)
+    tail = Tail(out)
     os.kill(victim, signal.SIGKILL)
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     back = None
-    while time.monotonic() - killed < 60:
-        if sum(1 for r in read_records(out) if r["stream"] == first_stream) > before + 1:
+    while time.monotonic() - killed < 60 and back is None:
+        # back = a line of the stream for a frame decoded after the kill (the dead worker's last lines,
+        # handed over late, do not count)
+        if any(r["stream"] == first_stream and r["time"] > killed_wall for r in tail.records()):
             back = time.monotonic() - killed
-            break
-        time.sleep(0.1)
+        time.sleep(0.05)
     row["restart_s"] = round(back, 2) if back is not None else None
     time.sleep(3)
     code = d.stop()
@@ -328,10 +363,13 @@ def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
 
 
 # -- decode-only ceiling -------------------------------------------------------------------------------------
-def decode_ceiling(clip: Path, threads: int, seconds: float) -> float:
-    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads, frames/s over all threads."""
+def decode_ceiling(clip: Path, threads: int, seconds: float, start_at: float | None = None) -> float:
+    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads, frames/s over all threads (from
+    ``start_at``, a time.time(), when given: processes started together)."""
     import PyNvVideoCodec as nvc
 
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
     stop = time.monotonic() + seconds
     counts = [0] * threads
 
@@ -351,6 +389,18 @@ def decode_ceiling(clip: Path, threads: int, seconds: float) -> float:
     for t in ts:
         t.join()
     return sum(counts) / (time.monotonic() - t0)
+
+
+def decode_ceiling_processes(clip: Path, processes: int, threads: int, seconds: float) -> float:
+    """The same in ``processes`` processes of ``threads`` threads, started together: one Python process
+    is bound by its GIL before NVDEC is (on the H200 streamd's 8 workers decoded more than 32 threads of one
+    process)."""
+    import multiprocessing as mp
+
+    start_at = time.time() + 8.0  # spawn + import in every process first
+    with mp.get_context("spawn").Pool(processes) as pool:
+        rates = pool.starmap(decode_ceiling, [(clip, threads, seconds, start_at)] * processes)
+    return float(sum(rates))
 
 
 # -- pipelined vs serialized ---------------------------------------------------------------------------------
@@ -444,6 +494,18 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=240.0)
     ap.add_argument("--sample-every", type=float, default=10.0)
     ap.add_argument("--ceiling-threads", type=int, default=32)
+    ap.add_argument(
+        "--ceiling-processes",
+        type=int,
+        default=8,
+        help="also the ceiling in N processes x 4 threads (0: skip)",
+    )
+    ap.add_argument(
+        "--overload-factor",
+        type=float,
+        default=0.0,
+        help="also a run offered this multiple of the (highest) decode-only ceiling, without a spare worker",
+    )
     ap.add_argument("--restart", type=int, default=0, help="streams for the kill -9 probe (0: skip)")
     ap.add_argument("--pipelined", type=int, nargs="*", default=[], help="batch sizes (e.g. 1 8 32)")
     ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
@@ -483,6 +545,18 @@ def main() -> int:
                 ceiling = decode_ceiling(args.clip, args.ceiling_threads, 8.0)
                 results["ceiling_fps"] = round(ceiling, 1)
                 print(f"decode-only ceiling ({args.ceiling_threads} threads): {ceiling:.0f} fps", flush=True)
+            if args.ceiling_processes:
+                try:
+                    ceiling = decode_ceiling_processes(args.clip, args.ceiling_processes, 4, 8.0)
+                except Exception as exc:  # the rest of the bench still runs
+                    print(f"decode-only ceiling in processes failed: {exc!r}", flush=True)
+                    ceiling = 0.0
+                results["ceiling_processes_fps"] = round(ceiling, 1)
+                procs = args.ceiling_processes
+                print(f"decode-only ceiling ({procs} processes x 4 threads): {ceiling:.0f} fps", flush=True)
+            top = max(results.get("ceiling_fps", 0.0), results.get("ceiling_processes_fps", 0.0))
+            if args.overload_factor and top:
+                args.overload.append(int(np.ceil(args.overload_factor * top / args.fps)))
             if args.single:
                 saved = (args.batch, args.workers)
                 args.batch, args.workers = 4, "auto"
@@ -490,8 +564,12 @@ def main() -> int:
                 args.batch, args.workers = saved
                 print(json.dumps(results["single"]), flush=True)
             results["ramp"] = []
-            for n in [*args.streams, *args.overload]:
+            for n in args.streams:
                 row = live_run(args, n, tmp)
+                results["ramp"].append(row)
+                print(json.dumps(row), flush=True)
+            for n in args.overload:  # no spare: its build (minutes under this load) would overlap the window
+                row = live_run(args, n, tmp, spare=False)
                 results["ramp"].append(row)
                 print(json.dumps(row), flush=True)
             saved_workers = args.workers
@@ -521,7 +599,12 @@ def main() -> int:
 def markdown(r: dict) -> str:
     lines = [f"bench_live · {r['date']} · commit {r['commit']} · clip {r['clip']}", ""]
     if "ceiling_fps" in r:
-        lines.append(f"decode-only ceiling (plain PyNvVideoCodec): **{r['ceiling_fps']} fps**")
+        lines.append(f"decode-only ceiling (plain PyNvVideoCodec, 1 process): **{r['ceiling_fps']} fps**")
+        lines.append("")
+    if "ceiling_processes_fps" in r:
+        lines.append(
+            f"decode-only ceiling (plain PyNvVideoCodec, processes): **{r['ceiling_processes_fps']} fps**"
+        )
         lines.append("")
     rows = ([r["single"]] if "single" in r else []) + r.get("ramp", [])
     if rows:

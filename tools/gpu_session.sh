@@ -3,9 +3,11 @@
 #
 #   tools/gpu_session.sh live               # bench_live: ceiling, 1 stream, 120 (auto and 12 workers), 175,
 #                                           # kill -9 (spare), pipelined; then tests/gpu, tests/engines/gpu
-#   tools/gpu_session.sh soak-start S WAIT  # a soak of 64 live streams for S s in its own process session (setsid:
-#                                           # it outlives the call), then waits WAIT s and prints its samples so far
-#   tools/gpu_session.sh soak-collect       # (next call, machine still warm) waits for it, results to $OUT
+#   tools/gpu_session.sh soak-start S WAIT  # a soak of 64 live streams for S s (then kill -9 of a worker) in its
+#                                           # own process session (setsid: it outlives the call); the GPU suites
+#                                           # run beside it; returns after WAIT s with its samples so far
+#   tools/gpu_session.sh soak-collect       # (next call, machine still warm) waits for the soak, results to $OUT,
+#                                           # then 1 stream, 1.3x the decode ceiling, pipelined, bench_kernels
 #   tools/gpu_session.sh rest               # tests/{decode,pipeline,analytics,web}/gpu, bench_kernels
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
@@ -19,7 +21,9 @@ SOAK=/tmp/streamd-soak
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
-install() {
+install() {  # once per machine: never under a running soak (it imports from /tmp/site)
+    export PYTHONPATH="/tmp/site:$REPO"
+    [[ -d /tmp/site/PyNvVideoCodec ]] && return
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl >/dev/null 2>&1 || { echo "pip install failed" >&2; exit 2; }
     export PYTHONPATH="/tmp/site:$REPO"
@@ -31,7 +35,7 @@ pack() {  # logs into one archive: the device tool brings back at most 8 files
 
 case "${1:-}" in
     live)
-        work="$OUT/run"; mkdir -p "$work"
+        work=/tmp/gs-live; mkdir -p "$work"
         OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 --also-workers 12 --overload 175 \
 --restart 64 --pipelined 1 32" STEP_TIMEOUT=400 tools/gpu_run.sh --bench-only
         OUT="$work/t" TEST_DIRS="tests/gpu tests/engines/gpu" STEP_TIMEOUT=100 \
@@ -42,19 +46,33 @@ case "${1:-}" in
     soak-start)
         install
         rm -rf "$SOAK"; mkdir -p "$SOAK/tmp"
-        setsid nohup python3 bench/bench_live.py --clip "$CLIP" --streams 64 --soak "${2:-600}" \
-            --ceiling-threads 0 --out "$SOAK" --tmp "$SOAK/tmp" >"$SOAK/log" 2>&1 < /dev/null &
+        setsid nohup python3 bench/bench_live.py --clip "$CLIP" --streams 64 --soak "${2:-600}" --soak-kill \
+            --ceiling-threads 0 --ceiling-processes 0 --out "$SOAK" --tmp "$SOAK/tmp" >"$SOAK/log" 2>&1 < /dev/null &
         echo "soak started (pid $!)"
-        end=$((SECONDS + ${3:-500}))
-        while ((SECONDS < end)); do sleep 30; tail -c 300 "$SOAK/soak_partial.json" 2>/dev/null; echo; done
+        end=$((SECONDS + ${3:-580}))
+        # The GPU suites run beside the soak (its 64 streams use about a third of the box): a harder soak.
+        OUT=/tmp/gs-soak-tests TEST_DIRS="${SOAK_TESTS:-tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu \
+tests/engines/gpu}" STEP_TIMEOUT=150 WHEEL_DIR=/nonexistent tools/gpu_run.sh --tests-only
+        cp /tmp/gs-soak-tests/summary.md "$OUT"/; pack /tmp/gs-soak-tests
+        while ((SECONDS < end)); do sleep 20; done
         cp "$SOAK/soak_partial.json" "$SOAK/log" "$OUT"/ 2>/dev/null
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in ('streams','growth')}, \
+len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         ;;
     soak-collect)
-        end=$((SECONDS + ${2:-240}))
-        while ((SECONDS < end)) && pgrep -f "bench_live.py.*--soak" >/dev/null; do sleep 5; done
+        install
+        end=$((SECONDS + ${2:-200}))
+        while ((SECONDS < end)) && pgrep -f "bench_live.py.*--soak" >/dev/null; do sleep 3; done
         pgrep -f "bench_live.py.*--soak" >/dev/null && echo "soak still running"
-        cp "$SOAK"/bench_live.md "$SOAK"/bench_live.json "$SOAK/soak_partial.json" "$SOAK/log" "$OUT"/ 2>/dev/null
+        cp "$SOAK"/bench_live.md "$OUT"/soak.md; cp "$SOAK"/bench_live.json "$OUT"/soak.json
+        cp "$SOAK/log" "$OUT"/soak.log
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
+        # then what the first call left out: 1 stream, past capacity, pipelined, kernels
+        work=/tmp/gs-collect; mkdir -p "$work"
+        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams --overload-factor 1.3 \
+--pipelined 1 32;bench/bench_kernels.py --out \$OUT" STEP_TIMEOUT=330 WHEEL_DIR=/nonexistent tools/gpu_run.sh --bench-only
+        cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
+        pack "$work"
         ;;
     rest)
         OUT="$OUT/run" TEST_DIRS="tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
