@@ -11,15 +11,16 @@ and events E0..E3. For each batch the scheduler's stage threads only *enqueue*:
 so while batch n is in NMS, n+1 is in the engine and n+2 in preprocess. A slot is reused only after the host
 read its results. Decoder surfaces go back to their pool as soon as the preprocess kernel (their last reader)
 is enqueued: ``release(S1)`` makes the decoder's stream wait for it, so nothing blocks on the host.
-Frames decoded on the CPU (``Frame.image``) are packed into the slot's pinned host buffer (a plain memcpy,
-numpy releases the GIL) and uploaded with one asynchronous copy on S1, then go through the packed-BGR path of
-the same kernel. Copying each frame from pageable memory instead made the driver stage it synchronously in the
-S1 thread (~0.25 ms per 640x272 frame), which capped the whole ring at batch 32.
+Frames decoded on the CPU (``Frame.image``) are packed into the slot's pinned host buffer (memcpys, in a few
+threads for a large batch: numpy releases the GIL) and uploaded in one asynchronous copy on S1, then take the
+packed-BGR path of the same kernel. Copying each frame from pageable memory instead had the driver stage it
+synchronously in the S1 thread (~0.25 ms per 640x272 frame), which capped the whole ring at batch 32.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,13 @@ from streamd.pipeline.stages import Slot
 from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
+PACK_THREADS = 4
+PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than four can be woken
+
+
+def _copy_all(copies: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in copies:
+        np.copyto(dst, src)
 
 
 @dataclass(slots=True)
@@ -87,6 +95,7 @@ class GpuStages:
         top = min(warm_batch or self.max_batch, self.max_batch)
         self._buckets = sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
         self._warm = warm_batch > 0
+        self._packers: ThreadPoolExecutor | None = None  # started by the first large batch of host frames
 
     def new_slot(self, index: int) -> Slot:
         b = self.max_batch
@@ -128,6 +137,7 @@ class GpuStages:
         if host_bytes:
             staging, pinned = self._staging(buf, host_bytes)
             packed = pinned.array(np.uint8, host_bytes)
+        copies: list[tuple[np.ndarray, np.ndarray]] = []
         offset = 0
         for f in slot.frames:
             if f.surface is not None:
@@ -137,12 +147,26 @@ class GpuStages:
                 continue
             assert f.image is not None
             n = f.width * f.height * 3
-            np.copyto(packed[offset : offset + n].reshape(f.height, f.width, 3), f.image)
+            copies.append((packed[offset : offset + n].reshape(f.height, f.width, 3), f.image))
             surfaces.append(PackedSurface(staging.ptr + offset, f.width, f.height, 3 * f.width))
             offset += n
-        if host_bytes:  # one asynchronous copy of the whole batch, from page-locked memory
-            copy_htod(staging.ptr, pinned.ptr, host_bytes, self.s1)
+        if copies:
+            self._pack(copies, host_bytes)
+            copy_htod(staging.ptr, pinned.ptr, host_bytes, self.s1)  # one async copy of the whole batch
         return surfaces
+
+    def _pack(self, copies: list[tuple[np.ndarray, np.ndarray]], nbytes: int) -> None:
+        """Frames into the pinned buffer; a large batch in PACK_THREADS threads (numpy copies release the
+        GIL), since one core's memcpy bounds the S1 thread: 32 frames of 640x272 are 17 MB per batch."""
+        if nbytes < PACK_PARALLEL_BYTES or len(copies) < 2:
+            for dst, src in copies:
+                np.copyto(dst, src)
+            return
+        if self._packers is None:
+            self._packers = ThreadPoolExecutor(PACK_THREADS, thread_name_prefix="pack")
+        chunks = [copies[k::PACK_THREADS] for k in range(PACK_THREADS)]
+        for done in [self._packers.submit(_copy_all, c) for c in chunks if c]:
+            done.result()
 
     def preprocess(self, slot: Slot) -> None:
         self.ctx.activate()
@@ -186,6 +210,8 @@ class GpuStages:
         return buf.host.detections(len(slot.frames))
 
     def close(self) -> None:
+        if self._packers is not None:
+            self._packers.shutdown()
         for s in (self.s1, self.s2, self.s3):
             s.synchronize()
         for buf in self._buffers:
