@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamd.decode.pool import NV12Surface, SurfacePool
+from streamd.decode.pool import Nv12Lease, SurfacePool
 from streamd.sources.base import VideoInfo
 from streamd.types import Nv12Surface, SurfaceLease
 
@@ -43,7 +43,7 @@ def test_the_lease_exposes_its_pixels_as_the_one_nv12_type() -> None:
     slot = pool.acquire(1920, 1080, 2048, timeout_s=1.0)
     assert slot is not None
     info = VideoInfo("h264", 1920, 1080, 30.0, 1 / 90000, color_matrix="bt709")
-    lease = NV12Surface(slot, pool, gpu, info, device=0)
+    lease = Nv12Lease(slot, pool, gpu, info, device=0)
     assert isinstance(lease, SurfaceLease)
     assert lease.planes == Nv12Surface(
         0x7000_0000, 0x7000_0000 + 2048 * 1080, 1920, 1080, 2048, 2048, "bt709"

@@ -31,7 +31,7 @@ class DecodedPicture:
     """One decoded picture.
 
     CPU decoder: ``image`` is a host BGR uint8 array (H, W, 3). NVDEC: ``surface`` is an
-    :class:`~streamd.decode.nvdec.NV12Surface` in device memory and ``image`` is None. ``pts`` in seconds.
+    :class:`~streamd.decode.nvdec.Nv12Lease` in device memory and ``image`` is None. ``pts`` in seconds.
     ``luma`` is the host Y plane (H, W) uint8, filled only by ``CpuDecoder(keep_luma=True)`` (tests).
     """
 

@@ -8,7 +8,7 @@ Design
 - Surface lifetime: PyNvVideoCodec recycles its output buffers within a few ``Decode()`` calls, so every
   picture is copied, device to device on the decoder's stream, into a buffer of our :class:`SurfacePool` as
   soon as ``Decode()`` returns, and an event (``ready``) is recorded after the copy. What goes downstream is
-  an :class:`NV12Surface` over the pooled buffer, valid until the consumer releases it. Ordering is by events,
+  an :class:`Nv12Lease` over the pooled buffer, valid until the consumer releases it. Ordering is by events,
   never by host synchronisation: the consumer's stream waits on ``ready`` before reading; ``release(stream)``
   records ``consumed`` on the consumer's stream and the decoder's stream waits on it before the buffer is
   written again. A surface dropped unread (the stream queue drops frames when the pipeline is behind) goes
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from streamd.decode.base import DecodedPicture, DecodeError, close_later, same_format
-from streamd.decode.pool import NV12Surface, SurfacePool
+from streamd.decode.pool import Nv12Lease, SurfacePool
 from streamd.decode.sps import reorder_depth
 from streamd.gpu.decoder_io import DecoderGpu
 from streamd.sources.base import Packet, VideoInfo
@@ -95,7 +95,7 @@ class _Retired:
 
 
 class NvdecDecoder:
-    """PyNvVideoCodec decoder fed by our demuxer; yields :class:`NV12Surface` pictures (see module docstring).
+    """PyNvVideoCodec decoder fed by our demuxer; yields :class:`Nv12Lease` pictures (see module docstring).
 
     ``pool_size``: most pooled buffers alive at once (pictures not yet released downstream, plus one being
     written). ``acquire_timeout_s``: how long to wait for a buffer when all are held before dropping the
@@ -281,7 +281,7 @@ class NvdecDecoder:
             gpu.copy_plane(uv, slot.pitch, luma + chroma_off, src_pitch, width, height // 2)
         gpu.record(slot.ready)
         pts = self._pts(frame)
-        surface = NV12Surface(slot, self.pool, gpu, self.info, self.device)
+        surface = Nv12Lease(slot, self.pool, gpu, self.info, self.device)
         return DecodedPicture(pts, width, height, surface=surface)
 
     def _size(self, frame: Any) -> tuple[int, int]:
@@ -341,7 +341,7 @@ class NvdecDecoder:
         self.pool.close(on_empty=self._gpu.release_context)
 
 
-def download_nv12(surface: NV12Surface) -> np.ndarray:
+def download_nv12(surface: Nv12Lease) -> np.ndarray:
     """Debug/test helper: the surface's NV12 pixels on the host, shape (H * 3 // 2, W) uint8.
 
     This is the one place that moves pixels over PCIe; the decode path never calls it.

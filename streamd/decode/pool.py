@@ -1,5 +1,5 @@
 """Device NV12 buffers of one NVDEC decoder (``SurfacePool``) and the lease a consumer holds on one
-(``NV12Surface``): the surface-lifetime part of ``streamd.decode.nvdec``'s design (see its docstring)."""
+(``Nv12Lease``): the surface-lifetime part of ``streamd.decode.nvdec``'s design (see its docstring)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class SurfacePool:
             self._cond.notify_all()
 
 
-class NV12Surface:  # the lease (lifetime, events) of one pooled picture; its pixels: ``planes``
+class Nv12Lease:  # the lease (lifetime, events) of one pooled picture; its pixels: ``planes``
     """A decoded picture in device memory, NV12 (8-bit 4:2:0), lent from the decoder's :class:`SurfacePool`.
 
     This is ``Frame.surface`` on the GPU path. Fields:
