@@ -169,7 +169,7 @@ def read_records(path: Path) -> list[dict]:
             except json.JSONDecodeError:
                 continue  # the last line may be half-written
             if "type" not in r:
-                out.append(r)
+                out.append(slim(r))
     return out
 
 
@@ -192,8 +192,15 @@ class Tail:
             except json.JSONDecodeError:
                 continue
             if "type" not in r:
-                out.append(r)
+                out.append(slim(r))
         return out
+
+
+def slim(r: dict) -> dict:
+    """What the figures need of a line (a soak keeps ~1 M of them in memory)."""
+    lat = r["latency_ms"]
+    return {"stream": r["stream"], "frame": r["frame"], "time": r["time"],
+            "latency_ms": {"arrival": lat.get("arrival", lat["total"])}}  # fmt: skip
 
 
 def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) -> dict:
@@ -207,7 +214,7 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     for frames in per_stream.values():
         frames.sort()
         gaps += sum(b - a - 1 for a, b in itertools.pairwise(frames) if b > a + 1)
-    lat = np.array([r["latency_ms"].get("arrival", r["latency_ms"]["total"]) for r in inside] or [0.0])
+    lat = np.array([r["latency_ms"]["arrival"] for r in inside] or [0.0])
     counts = [len(per_stream.get(f"cam{i:03d}", [])) for i in range(n)]
     fair = (min(counts) / seconds) / fps if counts else 0.0
     # Max-min fair share with equal demands: each stream's offered fps, or an equal split of what was
@@ -274,8 +281,16 @@ def live_run(
         cpu0 = cpu_seconds(pids)
         samples = []
         next_sample = time.monotonic()
+        # A soak's JSONL grows to ~1 GB: parse it as it grows (at each sample), never all at the end.
+        tail = Tail(out) if soak_s else None
+        history: list[dict] = []
         while time.time() - t0 < duration and d.proc.poll() is None:
             if time.monotonic() >= next_sample:
+                if tail is not None:
+                    history += tail.records()
+                    window = [r for r in history if r["time"] >= t0]
+                    live = window_stats(window, t0, time.time(), n, args.fps) if window else {}
+                    row["so_far"] = {k: live.get(k) for k in ("delivered_fps", "drops_in_window", "p99_ms")}
                 gpu = gpu_mem_mb()
                 samples.append(
                     {"t": round(time.time() - t0, 1), "rss_mb": {p: round(rss_mb(p), 1) for p in pids},
@@ -289,7 +304,11 @@ def live_run(
         t1 = time.time()
         cpu = cpu_seconds(pids) - cpu0
         time.sleep(1.0)  # lines of the window's last frames
-        records = read_records(out)
+        if tail is not None:
+            history += tail.records()
+            records = history
+        else:
+            records = read_records(out)
         row.update(window_stats(records, t0, t1, n, args.fps))
         row["host_cpu_ms_per_frame"] = round(cpu * 1e3 / max(1, row["delivered_fps"] * (t1 - t0)), 3)
         last = samples[-1] if samples else {"rss_mb": {}, "gpu_mb": {}}
@@ -300,7 +319,7 @@ def live_run(
             row["samples"] = samples
             row["growth"] = growth(samples, skip_s=60.0)
             if args.soak_kill:  # then the restart probe on the same daemon (spare worker ready by now)
-                row["restart"] = restart_probe(args, d, out, {"streams": n})
+                row["restart"] = restart_probe(args, d, out, {"streams": n}, history, tail)
     finally:
         row["exit"] = d.stop()
         summary = [line.strip() for line in d.log if "streamd: done" in line]
@@ -321,7 +340,9 @@ def growth(samples: list[dict], skip_s: float) -> dict:
     return out
 
 
-def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
+def restart_probe(
+    args, d: Daemon, out: Path, row: dict, history: list[dict] | None = None, tail: Tail | None = None
+) -> dict:
     """kill -9 worker 0 mid-run: its streams' return time; gaps in all streams over the whole run."""
     m = d.wait_for(r"worker 0 (?:ready|back) \(pid (\d+)\): stream\(s\) (\S+)", 5)
     if m is None:
@@ -330,28 +351,40 @@ def restart_probe(args, d: Daemon, out: Path, row: dict) -> dict:
     victim, first_stream = int(m.group(1)), m.group(2).rstrip(",")
     # live_run waited for the spare worker (pipeline.spare_worker, on with >= 2 workers) to be built.
     row["moved_to_spare_expected"] = d.wait_for(r"spare worker ready", 1) is not None
-    tail = Tail(out)
+    if tail is None:
+        tail = Tail(out)
+    else:  # a soak's tail: keep what it has read so far
+        assert history is not None
+        history += tail.records()
+    seen: list[dict] = []
     os.kill(victim, signal.SIGKILL)
     killed, killed_wall = time.monotonic(), time.time()
     back = None
     while time.monotonic() - killed < 60 and back is None:
         # back = a line of the stream for a frame decoded after the kill (the dead worker's last lines,
         # handed over late, do not count)
-        if any(r["stream"] == first_stream and r["time"] > killed_wall for r in tail.records()):
+        new = tail.records()
+        seen += new
+        if any(r["stream"] == first_stream and r["time"] > killed_wall for r in new):
             back = time.monotonic() - killed
         time.sleep(0.05)
     row["restart_s"] = round(back, 2) if back is not None else None
     time.sleep(3)
     code = d.stop()
     row["exit"] = code
-    records = read_records(out)
+    records = read_records(out) if history is None else history + seen + tail.records()
     victims = set(re.findall(r"stream\(s\) ([^;]+) affected", "".join(d.log))[0].split(", "))
     row["moved_to_spare"] = "moved to the spare worker" in "".join(d.log)
     per_stream: dict[str, list[int]] = defaultdict(list)
     for r in records:
         per_stream[r["stream"]].append(r["frame"])
     row["victim_streams"] = len(victims)
-    row["victims_contiguous"] = all(v == list(range(len(v))) for s, v in per_stream.items() if s in victims)
+    # every index once, none missing (from 0 when the whole file was read; a soak's history starts later)
+    first_ok = (lambda v: v[0] == 0) if history is None else (lambda v: True)
+    row["victims_contiguous"] = all(
+        first_ok(v) and all(b == a + 1 for a, b in itertools.pairwise(v))
+        for s, v in per_stream.items() if s in victims
+    )  # fmt: skip
     row["others_gaps"] = sum(
         sum(b - a - 1 for a, b in itertools.pairwise(v) if b > a + 1)
         for s, v in per_stream.items() if s not in victims

@@ -61,9 +61,11 @@ len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         ;;
     soak-collect)
         install
-        end=$((SECONDS + ${2:-200}))
+        end=$((SECONDS + ${2:-300}))
         while ((SECONDS < end)) && pgrep -f "bench_live.py.*--soak" >/dev/null; do sleep 3; done
-        pgrep -f "bench_live.py.*--soak" >/dev/null && echo "soak still running"
+        if pgrep -f "bench_live.py.*--soak" >/dev/null; then  # never measure beside it (2026-11-30 did)
+            echo "soak still running: no other bench in this call"; cp "$SOAK/soak_partial.json" "$OUT"/; exit 1
+        fi
         cp "$SOAK"/bench_live.md "$OUT"/soak.md; cp "$SOAK"/bench_live.json "$OUT"/soak.json
         cp "$SOAK/log" "$OUT"/soak.log
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
