@@ -28,7 +28,8 @@ each GPU's used memory and each process's, matched to the workers' ``pid`` (valu
 
 Histograms arrive as data, not as calls: each worker keeps one ``LatencyHistograms`` per stream, calls
 ``observe(result.latency_ms)`` per frame result (a few bisects) and ships ``to_dict()`` with its stats every
-0.5 s; a restarted worker starts from zero, which Prometheus reads as a counter reset.
+0.5 s; the supervisor sums them over every process that carried the stream (restarts, the spare, reload
+moves), so they never go back.
 """
 
 from __future__ import annotations
@@ -224,10 +225,21 @@ class SnapshotCollector:
             "Live streams behind real time (decoding under their frame rate, or dropping); 0 = keeping up.",
             len(snap.get("overloaded", ())),
         )
-        labels = ["stream", "worker"]
+        # Per-stream series are keyed by the stream alone: a stream moved to another worker (a reload, the
+        # spare) keeps its series, so its counters never look reset. Which worker carries it: stream_worker.
+        labels = ["stream"]
 
         def key(sid: str, s: Mapping[str, Any]) -> list[str]:
-            return [sid, str(s.get("worker", "0"))]
+            return [sid]
+
+        carrier = GaugeMetricFamily(
+            "streamd_stream_worker",
+            "1 for the worker process carrying the stream.",
+            labels=["stream", "worker"],
+        )
+        for sid, s in per_stream.items():
+            carrier.add_metric([sid, str(s.get("worker", "0"))], 1)
+        yield carrier
 
         for name, help_text in COUNTERS.items():
             family = CounterMetricFamily(f"streamd_stream_{name}", help_text, labels=labels)

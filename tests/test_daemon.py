@@ -45,7 +45,8 @@ def test_metrics_and_health_over_http(tmp_path, assets) -> None:
             except OSError:
                 pass
             time.sleep(0.3)
-        assert 'streamd_stream_up{stream="cam",worker="0"} 1.0' in text, text
+        assert 'streamd_stream_up{stream="cam"} 1.0' in text, text
+        assert 'streamd_stream_worker{stream="cam",worker="0"} 1.0' in text, text
         frames = float(
             next(line.split()[1] for line in text.splitlines() if line.startswith("streamd_frames_total"))
         )

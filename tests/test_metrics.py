@@ -58,10 +58,10 @@ def test_metrics_parse_with_histograms_and_labels() -> None:
     }
     assert len(total) == len(LATENCY_BUCKETS_MS) + 1
     assert total["0.005"] == 1 and total["0.01"] == 2 and total["0.05"] == 3 and total["+Inf"] == 4
-    decoded = {
-        (s.labels["stream"], s.labels["worker"]): s.value for s in fams["streamd_stream_decoded"].samples
-    }
-    assert decoded == {("door", "0"): 10, ("yard", "1"): 10}
+    decoded = {s.labels["stream"]: s.value for s in fams["streamd_stream_decoded"].samples}
+    assert decoded == {"door": 10, "yard": 10}  # keyed by stream alone: a moved stream keeps its series
+    carriers = {(s.labels["stream"], s.labels["worker"]) for s in fams["streamd_stream_worker"].samples}
+    assert carriers == {("door", "0"), ("yard", "1")}
     for name in ("streamd_stream_inferred", "streamd_stream_skipped", "streamd_stream_reconnects",
                  "streamd_stream_stalls", "streamd_stream_fps", "streamd_stream_state",
                  "streamd_batch_fill_ratio", "streamd_sink_queue_depth", "streamd_sink_dropped",

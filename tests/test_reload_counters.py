@@ -47,7 +47,7 @@ def _exported(snap: dict) -> dict[tuple[str, str], float]:
     label: a moved stream's series changes worker), plus ``streamd_frames_total``."""
     values: Counter[tuple[str, str]] = Counter()
     for line in render(snap).splitlines():
-        m = re.match(r'(streamd_stream_\w+_total)\{stream="(\w+)",worker="[^"]*"\} (\S+)$', line)
+        m = re.match(r'(streamd_stream_\w+_total)\{stream="(\w+)"\} (\S+)$', line)
         if m:
             values[(m.group(1), m.group(2))] += float(m.group(3))
         elif line.startswith("streamd_frames_total "):
