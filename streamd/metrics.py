@@ -34,7 +34,6 @@ moves), so they never go back.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import logging
@@ -49,20 +48,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from streamd.latency import LATENCY_BUCKETS_MS
+
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
     from prometheus_client.registry import CollectorRegistry
 
-# prometheus_client is imported where it is used: workers import LatencyHistograms from here, and a box that
-# never serves metrics needs no prometheus_client to run.
+# prometheus_client is imported where it is used: a box that never serves metrics needs none to run.
 
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict]
 FrameSnapshot = Callable[[str], "bytes | None"]
 
-LATENCY_STAGES = ("decode", "queue", "preprocess", "infer", "postprocess", "batch", "total", "arrival")
-LATENCY_BUCKETS_MS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 STATES = ("starting", "running", "reconnecting", "stalled", "ended", "failed")
 COUNTERS = {
     "decoded": "Frames decoded.",
@@ -74,43 +72,6 @@ COUNTERS = {
     "reconnects": "Reconnects of the source.",
     "stalls": "Times the source stopped delivering packets (stall timeout).",
 }
-
-
-class LatencyHistograms:
-    """Per-stage latency histograms of one stream (milliseconds, buckets ``LATENCY_BUCKETS_MS``).
-
-    Fed on the worker, per frame result: ``observe(result.latency_ms)``. ``to_dict()`` is plain data for the
-    stats message: ``{stage: {"counts": [per bucket, then +Inf], "sum": ms, "count": n}}`` (counts are per
-    bucket, not cumulative)."""
-
-    def __init__(self, stages: tuple[str, ...] = LATENCY_STAGES) -> None:
-        self._stages = stages
-        self._counts = {s: [0] * (len(LATENCY_BUCKETS_MS) + 1) for s in stages}
-        self._sum = dict.fromkeys(stages, 0.0)
-        self._n = dict.fromkeys(stages, 0)
-        self._results = 0
-
-    @property
-    def results(self) -> int:
-        """Frame results observed."""
-        return self._results
-
-    def observe(self, latency_ms: Mapping[str, float]) -> None:
-        self._results += 1
-        for stage, ms in latency_ms.items():
-            counts = self._counts.get(stage)
-            if counts is None:
-                continue
-            counts[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
-            self._sum[stage] += ms
-            self._n[stage] += 1
-
-    def to_dict(self) -> dict[str, dict]:
-        return {
-            s: {"counts": list(self._counts[s]), "sum": self._sum[s], "count": self._n[s]}
-            for s in self._stages
-            if self._n[s]
-        }
 
 
 def stream_stalled(stats: Mapping[str, Any]) -> bool:

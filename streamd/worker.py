@@ -35,7 +35,7 @@ from streamd.analytics.stream import build_analytics
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
 from streamd.ingest import StreamWorker
-from streamd.metrics import LatencyHistograms
+from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.cpu_stages import CpuStages
 from streamd.pipeline.postprocess import ClassThresholds, PostprocessSpec, resolve_layout

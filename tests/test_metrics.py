@@ -16,7 +16,8 @@ import cv2
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamd.metrics import LATENCY_BUCKETS_MS, LatencyHistograms, MetricsServer, render
+from streamd.latency import LATENCY_BUCKETS_MS, LatencyHistograms
+from streamd.metrics import MetricsServer, render
 from tests.conftest import ROOT
 from tests.sinks._helpers import CLIP, config_with_sinks, free_port
 
