@@ -288,6 +288,7 @@ def live_run(
             if time.monotonic() >= next_sample:
                 if tail is not None:
                     history += tail.records()
+                if tail is not None and len(samples) % 6 == 0:  # once a minute: it walks the whole history
                     window = [r for r in history if r["time"] >= t0]
                     live = window_stats(window, t0, time.time(), n, args.fps) if window else {}
                     row["so_far"] = {k: live.get(k) for k in ("delivered_fps", "drops_in_window", "p99_ms")}
@@ -396,9 +397,11 @@ def restart_probe(
 
 
 # -- decode-only ceiling -------------------------------------------------------------------------------------
-def decode_ceiling(clip: Path, threads: int, seconds: float, start_at: float | None = None) -> float:
-    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads, frames/s over all threads (from
-    ``start_at``, a time.time(), when given: processes started together)."""
+def decode_frames(
+    clip: Path, threads: int, seconds: float, start_at: float | None = None
+) -> tuple[int, float, float]:
+    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads for ``seconds`` from ``start_at`` (a
+    time.time(); now when None): (frames decoded, wall start, wall end)."""
     import PyNvVideoCodec as nvc
 
     if start_at is not None:
@@ -415,25 +418,49 @@ def decode_ceiling(clip: Path, threads: int, seconds: float, start_at: float | N
                 if time.monotonic() >= stop:
                     break
 
-    t0 = time.monotonic()
+    t0 = time.time()
     ts = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return sum(counts) / (time.monotonic() - t0)
+    return sum(counts), t0, time.time()
+
+
+def decode_ceiling(clip: Path, threads: int, seconds: float) -> float:
+    """Decode-only frames/s of one process."""
+    frames, t0, t1 = decode_frames(clip, threads, seconds)
+    return frames / (t1 - t0)
+
+
+def _decode_part(clip: Path, threads: int, seconds: float, start_at: float, results) -> None:
+    try:
+        results.put(decode_frames(clip, threads, seconds, start_at))
+    except Exception as exc:  # the parent must not wait for a part that will never come
+        results.put(repr(exc))
 
 
 def decode_ceiling_processes(clip: Path, processes: int, threads: int, seconds: float) -> float:
-    """The same in ``processes`` processes of ``threads`` threads, started together: one Python process
-    is bound by its GIL before NVDEC is (on the H200 streamd's 8 workers decoded more than 32 threads of one
-    process)."""
+    """The same in ``processes`` processes of ``threads`` threads, meant to run together: frames of all of
+    them over the span from the first start to the last end (a late process lowers the figure, never
+    inflates it). One Python process may be bound by its GIL before NVDEC is."""
     import multiprocessing as mp
 
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
     start_at = time.time() + 8.0  # spawn + import in every process first
-    with mp.get_context("spawn").Pool(processes) as pool:
-        rates = pool.starmap(decode_ceiling, [(clip, threads, seconds, start_at)] * processes)
-    return float(sum(rates))
+    procs = [
+        ctx.Process(target=_decode_part, args=(clip, threads, seconds, start_at, results))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    parts = [results.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    if failed := [p for p in parts if isinstance(p, str)]:
+        raise RuntimeError(failed[0])
+    return sum(f for f, _, _ in parts) / (max(e for _, _, e in parts) - min(b for _, b, _ in parts))
 
 
 # -- pipelined vs serialized ---------------------------------------------------------------------------------
@@ -498,8 +525,10 @@ def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]
                     }
                     result[f"gpu_ms_slots{slots}"] = {
                         k: round(float(np.mean([r.latency_ms[k] for r in done[::batch]])), 3)
-                        for k in ("preprocess", "infer", "postprocess", "host_wait")
-                    }
+                        for k in ("preprocess", "infer", "postprocess")
+                    }  # CUDA events, per stage; and how long the collect thread waited for the GPU:
+                    waits = [r.latency_ms["host_wait"] for r in done[::batch]]
+                    result[f"host_wait_ms_slots{slots}"] = round(float(np.mean(waits)), 3)
             result["ratio"] = round(result["fps_slots4"] / result["fps_slots1"], 2)
             rows.append(result)
         finally:

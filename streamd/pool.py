@@ -278,7 +278,9 @@ class WorkerPool:
                     w.lines += len(records)
                     self.last_result_at = time.perf_counter()
             elif kind == "stats":
-                w.stats = message[1]
+                with self.counters_lock:  # a late message of a retired process: already folded into base
+                    if w.conn is conn:
+                        w.stats = message[1]
             elif kind == "ready":
                 self.info = message[1]
                 w.ready, w.ready_at = True, time.monotonic()
@@ -394,9 +396,9 @@ class WorkerPool:
                 add_latency(w.base_latency.setdefault(sid, {}), s.get("latency", {}))
             w.base_results += int(w.stats.get("results", 0))
             w.stats = {}
-        if w.conn is not None:
-            w.conn.close()
-            w.conn = None
+            conn, w.conn = w.conn, None  # from here on its reader's stats are ignored
+        if conn is not None:
+            conn.close()
 
     def stop_workers(self, *, abort: bool, quiet: bool = False) -> None:
         """Ask every worker to finish; wait for the drain (bounded), then end what is left."""

@@ -148,8 +148,7 @@ def choose_decoder(requested: str, gpu_engine: bool) -> str:
 class Pipeline:
     """The data path for ``streams``: build (engine, stages), start, results via ``emit``, stop, close.
 
-    ``emit`` gets the records of one batch at a time, in batch order, so each stream's frames stay in order.
-    """
+    ``emit`` gets the records of one batch at a time, in batch order, each stream's frames in order."""
 
     def __init__(
         self,
@@ -287,8 +286,9 @@ class Pipeline:
                 with hook.lock:
                     if lines := hook.finish():
                         self._hook_lines(lines, sid)
-        finally:
-            if self.stages is not None:
+        finally:  # stage threads still running may use the buffers: then leak them rather than free them
+            idle = not self._started or self.scheduler is None or self.scheduler.join(0)
+            if self.stages is not None and idle:
                 try:
                     self.stages.close()
                 except Exception:  # cleanup must not hide the real outcome

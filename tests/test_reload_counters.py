@@ -43,8 +43,8 @@ def _write(path, out, b_fps: float, with_c: bool) -> None:
 
 
 def _exported(snap: dict) -> dict[tuple[str, str], float]:
-    """(metric, stream) -> value of every ``streamd_stream_*_total`` in /metrics (summed over the worker
-    label: a moved stream's series changes worker), plus ``streamd_frames_total``."""
+    """(metric, stream) -> value of every ``streamd_stream_*_total`` in /metrics (one series per stream: a
+    moved stream keeps its series), plus ``streamd_frames_total``."""
     values: Counter[tuple[str, str]] = Counter()
     for line in render(snap).splitlines():
         m = re.match(r'(streamd_stream_\w+_total)\{stream="(\w+)"\} (\S+)$', line)

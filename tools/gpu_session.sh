@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU calls of one session, each sized for one `device run` call (< 600 s), results under $OUT.
 #
-#   tools/gpu_session.sh live               # bench_live: ceiling, 1 stream, 120 (auto and 12 workers), 175,
-#                                           # kill -9 (spare), pipelined; then tests/gpu, tests/engines/gpu
+#   tools/gpu_session.sh live               # bench_live: ceilings, 1 stream, 120, 260 (past what 175 showed),
+#                                           # kill -9 (spare), pipelined (~9 min)
 #   tools/gpu_session.sh soak-start S WAIT  # a soak of 64 live streams for S s (then kill -9 of a worker) in its
 #                                           # own process session (setsid: it outlives the call); the GPU suites
 #                                           # run beside it; returns after WAIT s with its samples so far
 #   tools/gpu_session.sh soak-collect       # (next call, machine still warm) waits for the soak, results to $OUT,
-#                                           # then 1 stream, 1.3x the decode ceiling, pipelined, bench_kernels
-#   tools/gpu_session.sh rest               # tests/{decode,pipeline,analytics,web}/gpu, bench_kernels
+#                                           # then 1 stream, 260 streams, pipelined, bench_kernels
+#   tools/gpu_session.sh rest               # every GPU suite + bench_kernels (~5 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -35,12 +35,11 @@ pack() {  # logs into one archive: the device tool brings back at most 8 files
 
 case "${1:-}" in
     live)
+        install
         work=/tmp/gs-live; mkdir -p "$work"
-        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 --also-workers 12 --overload 175 \
---restart 64 --pipelined 1 32" STEP_TIMEOUT=400 tools/gpu_run.sh --bench-only
-        OUT="$work/t" TEST_DIRS="tests/gpu tests/engines/gpu" STEP_TIMEOUT=100 \
-            tools/gpu_run.sh --tests-only
-        cp "$work"/bench_live.md "$work"/bench_live.json "$work/t/summary.md" "$OUT"/ 2>/dev/null
+        OUT="$work" WHEEL_DIR=/nonexistent BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 \
+--overload 260 --restart 64 --pipelined 1 32" STEP_TIMEOUT=540 tools/gpu_run.sh --bench-only
+        cp "$work"/bench_live.md "$work"/bench_live.json "$work/summary.md" "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
     soak-start)
@@ -48,13 +47,14 @@ case "${1:-}" in
         rm -rf "$SOAK"; mkdir -p "$SOAK/tmp"
         setsid nohup python3 bench/bench_live.py --clip "$CLIP" --streams 64 --soak "${2:-600}" --soak-kill \
             --ceiling-threads 0 --ceiling-processes 0 --out "$SOAK" --tmp "$SOAK/tmp" >"$SOAK/log" 2>&1 < /dev/null &
-        echo "soak started (pid $!)"
-        end=$((SECONDS + ${3:-580}))
+        echo $! >"$SOAK/sid"  # setsid without a fork: the pid is the session's id (its streamd run is in it)
+        echo "soak started (session $!)"
+        end=$((SECONDS + ${3:-560}))
         # The GPU suites run beside the soak (its 64 streams use about a third of the box): a harder soak.
         OUT=/tmp/gs-soak-tests TEST_DIRS="${SOAK_TESTS:-tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu \
-tests/engines/gpu}" STEP_TIMEOUT=150 WHEEL_DIR=/nonexistent tools/gpu_run.sh --tests-only
+tests/engines/gpu}" STEP_TIMEOUT=150 WHEEL_DIR=/nonexistent timeout $((end - SECONDS - 20)) tools/gpu_run.sh --tests-only
         cp /tmp/gs-soak-tests/summary.md "$OUT"/; pack /tmp/gs-soak-tests
-        while ((SECONDS < end)); do sleep 20; done
+        while ((SECONDS < end)); do cp "$SOAK/soak_partial.json" "$OUT"/ 2>/dev/null; sleep 10; done
         cp "$SOAK/soak_partial.json" "$SOAK/log" "$OUT"/ 2>/dev/null
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in ('streams','growth')}, \
 len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
@@ -62,8 +62,9 @@ len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
     soak-collect)
         install
         end=$((SECONDS + ${2:-300}))
-        while ((SECONDS < end)) && pgrep -f "bench_live.py.*--soak" >/dev/null; do sleep 3; done
-        if pgrep -f "bench_live.py.*--soak" >/dev/null; then  # never measure beside it (2026-11-30 did)
+        running() { pgrep -s "$(cat "$SOAK/sid" 2>/dev/null || echo 0)" >/dev/null; }  # the bench or its streamd
+        while ((SECONDS < end)) && running; do sleep 3; done
+        if running; then  # never measure beside it (2026-11-30 did)
             echo "soak still running: no other bench in this call"; cp "$SOAK/soak_partial.json" "$OUT"/; exit 1
         fi
         cp "$SOAK"/bench_live.md "$OUT"/soak.md; cp "$SOAK"/bench_live.json "$OUT"/soak.json
@@ -71,13 +72,15 @@ len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
         # then what the first call left out: 1 stream, past capacity, pipelined, kernels
         work=/tmp/gs-collect; mkdir -p "$work"
-        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams --overload-factor 1.3 \
+        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams --overload 260 \
 --pipelined 1 32;bench/bench_kernels.py --out \$OUT" STEP_TIMEOUT=330 WHEEL_DIR=/nonexistent tools/gpu_run.sh --bench-only
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
     rest)
-        OUT="$OUT/run" TEST_DIRS="tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
+        install
+        OUT="$OUT/run" WHEEL_DIR=/nonexistent TEST_DIRS="tests/gpu tests/engines/gpu tests/decode/gpu tests/pipeline/gpu \
+tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
             STEP_TIMEOUT=200 tools/gpu_run.sh
         cp "$OUT/run/summary.md" "$OUT"/; pack "$OUT/run"
         ;;

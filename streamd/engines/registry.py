@@ -133,9 +133,13 @@ def create_engine(
                 "engine: %s %s (%s); engine.type auto falls back to %s", name, what, error, order[index + 1]
             )
     fixed = getattr(engine, "batch_fixed", None)
-    if fixed is None and engine.max_batch < max_batch:  # no batch_fixed: its max is all it takes
-        fixed = engine.max_batch
-    if fixed is not None and (fixed > 1 or max_batch > 1):
+    if fixed is None and engine.max_batch < max_batch:  # a dynamic engine built for fewer rows
+        log.info(
+            "engine: %s takes at most %d rows per call: larger batches run in calls of %d (the last padded)",
+            name, engine.max_batch, engine.max_batch,
+        )  # fmt: skip
+        engine = FixedBatch(engine, engine.max_batch, max_batch)
+    elif fixed is not None and (fixed > 1 or max_batch > 1):
         engine = _fixed_batch(engine, fixed, max_batch, Path(model_path))
     log.info(
         "engine: %s (%s, max batch %d, %s in, %s out)",

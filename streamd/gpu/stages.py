@@ -89,11 +89,14 @@ class GpuStages:
         self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
         self._out_bytes = int(np.prod(out_shape[1:])) * out_dtype.itemsize
         self._buffers: list[_GpuBuffers] = []
-        # The engine runs at a few batch sizes only (powers of two up to the pipeline batch): partial batches
-        # are rounded up, the extra rows are ignored by postprocess. Each size is captured (CUDA graph) and
-        # autotuned once per slot at start-up, never while streams run.
+        # The engine runs at a few batch sizes only (powers of two up to the pipeline batch; times N for a
+        # model whose batch is fixed at N, which runs N rows per call): partial batches are rounded up, the
+        # extra rows are ignored by postprocess. Each size is captured (CUDA graph) and autotuned once per
+        # slot at start-up, never while streams run.
+        unit = int(getattr(engine, "pinned_batch", 1))
         top = min(warm_batch or self.max_batch, self.max_batch)
-        self._buckets = sorted({min(1 << k, top) for k in range(top.bit_length() + 1)})
+        top = min(-(-top // unit) * unit, self.max_batch)
+        self._buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
         self._warm = warm_batch > 0
         self._packers: ThreadPoolExecutor | None = None  # started by the first large batch of host frames
 
@@ -125,6 +128,8 @@ class GpuStages:
         """The slot's upload buffers for CPU-decoded frames, grown when a batch needs more. Safe to overwrite:
         a slot comes back only after the host has collected its previous batch (E3), so its copy is done."""
         if buf.staging is None or buf.pinned is None or buf.staging.nbytes < nbytes:
+            if buf.staging is not None:  # grown twofold: start-up's growing partial batches free rarely
+                nbytes = max(nbytes, 2 * buf.staging.nbytes)
             for old in (buf.staging, buf.pinned):
                 if old is not None:
                     old.close()
