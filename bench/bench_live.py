@@ -464,8 +464,46 @@ def decode_ceiling_processes(clip: Path, processes: int, threads: int, seconds: 
 
 
 # -- pipelined vs serialized ---------------------------------------------------------------------------------
-def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]:
-    """Same host frames, same engine: ring_slots 4 (batches in different stages at once) vs 1 (serial)."""
+class _HeldLease:
+    """A device NV12 picture that stays valid for the whole bench (no decoder pool behind it)."""
+
+    def __init__(self, planes) -> None:
+        self.planes = planes
+
+    def wait(self, stream) -> None:
+        pass
+
+    def release(self, stream=None) -> None:
+        pass
+
+
+def _device_frames(stages, images: list[np.ndarray]) -> tuple[list, list[_HeldLease]]:
+    """Each image as an NV12 picture in device memory (uploaded once), as NVDEC would hand it over."""
+    import cv2
+
+    from streamd.gpu.cuda import DeviceBuffer
+    from streamd.types import Nv12Surface
+
+    h, w = images[0].shape[:2]
+    stages.ctx.activate()
+    buffers, leases = [], []
+    for img in images:
+        i420 = cv2.cvtColor(img, cv2.COLOR_BGR2YUV_I420)
+        u = i420[h : h + h // 4].reshape(h // 2, w // 2)
+        v = i420[h + h // 4 :].reshape(h // 2, w // 2)
+        nv12 = np.ascontiguousarray(np.concatenate([i420[:h], np.stack([u, v], axis=-1).reshape(h // 2, w)]))
+        buf = DeviceBuffer(nv12.nbytes)
+        buf.upload(nv12, stages.s1)
+        stages.s1.synchronize()  # the host array goes away
+        buffers.append(buf)
+        leases.append(_HeldLease(Nv12Surface.contiguous(buf.ptr, w, h)))
+    return buffers, leases
+
+
+def pipelined_vs_serialized(batches: list[int], frames_total: int, frames: str = "host") -> list[dict]:
+    """Same frames, same engine: ring_slots 4 (batches in different stages at once) vs 1 (serial). ``frames``
+    "host": BGR arrays as the CPU decoder gives them (packed and uploaded by S1); "device": NV12 pictures
+    already in device memory, as NVDEC gives them (S1 only launches the preprocess kernel)."""
     import cv2
 
     from streamd.config import parse_config
@@ -492,17 +530,22 @@ def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]
         }
         config = parse_config(raw, ROOT)
         stages = build_stages(config)
+        held: list = []
         try:
-            result = {"batch": batch}
+            result: dict = {"batch": batch, "frames": frames}
+            leases: list = []
+            if frames == "device":
+                held, leases = _device_frames(stages, images)
             for slots in (4, 1, 4, 1):  # alternate, best of two each
                 batcher = Batcher(batch, 0.05)
                 q = batcher.add_stream("s", 4 * batch, "block")
                 stop = threading.Event()
 
-                def feed(q=q, stop=stop) -> None:
+                def feed(q=q, stop=stop, leases=leases) -> None:
                     for i in range(frames_total):
-                        img = images[i % len(images)]
-                        f = Frame("s", i, i / 30, w, h, image=img, t_decoded=time.perf_counter())
+                        k = i % len(images)
+                        pixels = {"surface": leases[k]} if leases else {"image": images[k]}
+                        f = Frame("s", i, i / 30, w, h, **pixels, t_decoded=time.perf_counter())
                         if not q.put(f, stop):
                             return
                     q.close()
@@ -532,6 +575,8 @@ def pipelined_vs_serialized(batches: list[int], frames_total: int) -> list[dict]
             result["ratio"] = round(result["fps_slots4"] / result["fps_slots1"], 2)
             rows.append(result)
         finally:
+            for buf in held:
+                buf.close()
             stages.close()
     return rows
 
@@ -570,6 +615,13 @@ def main() -> int:
     )
     ap.add_argument("--restart", type=int, default=0, help="streams for the kill -9 probe (0: skip)")
     ap.add_argument("--pipelined", type=int, nargs="*", default=[], help="batch sizes (e.g. 1 8 32)")
+    ap.add_argument(
+        "--pipelined-frames",
+        nargs="*",
+        default=["host"],
+        choices=["host", "device"],
+        help="host: BGR arrays (the CPU decoder's); device: NV12 in device memory (NVDEC's)",
+    )
     ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
     ap.add_argument("--soak", type=float, default=0.0, help="seconds of one soak run at --streams[0]")
     ap.add_argument(
@@ -650,7 +702,12 @@ def main() -> int:
                 results["restart"] = live_run(args, args.restart, tmp, kill_worker=True)
                 print(json.dumps(results["restart"]), flush=True)
             if args.pipelined:
-                results["pipelined"] = pipelined_vs_serialized(args.pipelined, 3000)
+                results["pipelined"] = []
+                for kind in args.pipelined_frames:  # one kind failing must not lose the other's rows
+                    try:
+                        results["pipelined"] += pipelined_vs_serialized(args.pipelined, 3000, kind)
+                    except Exception as exc:
+                        print(f"pipelined ({kind} frames) failed: {exc!r}", flush=True)
                 print(json.dumps(results["pipelined"]), flush=True)
     (args.out / "bench_live.json").write_text(json.dumps(results, indent=1))
     (args.out / "bench_live.md").write_text(markdown(results))
@@ -697,9 +754,14 @@ def markdown(r: dict) -> str:
                   f"gaps in other streams: {x.get('others_gaps')}, exit {x.get('exit')}, "
                   f"moved to the spare: {x.get('moved_to_spare')}"]  # fmt: skip
     if "pipelined" in r:
-        lines += ["", "| batch | ring_slots 4 fps | ring_slots 1 fps | ratio |", "|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| frames | batch | ring_slots 4 fps | ring_slots 1 fps | ratio |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for x in r["pipelined"]:
-            lines.append(f"| {x['batch']} | {x['fps_slots4']} | {x['fps_slots1']} | {x['ratio']} |")
+            row = (x.get("frames", "host"), x["batch"], x["fps_slots4"], x["fps_slots1"], x["ratio"])
+            lines.append("| " + " | ".join(map(str, row)) + " |")
         for x in r["pipelined"]:
             for slots in (4, 1):
                 lines.append(

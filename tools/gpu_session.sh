@@ -38,7 +38,7 @@ case "${1:-}" in
         install
         work=/tmp/gs-live; mkdir -p "$work"
         OUT="$work" WHEEL_DIR=/nonexistent BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams 120 \
---overload 260 --restart 64 --pipelined 1 32" STEP_TIMEOUT=540 tools/gpu_run.sh --bench-only
+--overload 260 --restart 64 --pipelined 1 32 --pipelined-frames host device" STEP_TIMEOUT=540 tools/gpu_run.sh --bench-only
         cp "$work"/bench_live.md "$work"/bench_live.json "$work/summary.md" "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
@@ -73,7 +73,7 @@ len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         # then what the first call left out: 1 stream, past capacity, pipelined, kernels
         work=/tmp/gs-collect; mkdir -p "$work"
         OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams --overload 260 \
---pipelined 1 32;bench/bench_kernels.py --out \$OUT" STEP_TIMEOUT=330 WHEEL_DIR=/nonexistent tools/gpu_run.sh --bench-only
+--pipelined 1 32 --pipelined-frames host device;bench/bench_kernels.py --out \$OUT" STEP_TIMEOUT=330 WHEEL_DIR=/nonexistent tools/gpu_run.sh --bench-only
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;

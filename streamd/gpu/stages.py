@@ -14,7 +14,7 @@ is enqueued: ``release(S1)`` makes the decoder's stream wait for it, so nothing 
 Frames decoded on the CPU (``Frame.image``) are packed into the slot's pinned host buffer (memcpys, in a few
 threads for a large batch: numpy releases the GIL) and uploaded in one asynchronous copy on S1, then take the
 packed-BGR path of the same kernel. Copying each frame from pageable memory instead had the driver stage it
-synchronously in the S1 thread (~0.25 ms per 640x272 frame), which capped the whole ring at batch 32.
+synchronously in the S1 thread (~0.25 ms per 768x576 frame), which capped the whole ring at batch 32.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class GpuStages:
 
     def _pack(self, copies: list[tuple[np.ndarray, np.ndarray]], nbytes: int) -> None:
         """Frames into the pinned buffer; a large batch in PACK_THREADS threads (numpy copies release the
-        GIL), since one core's memcpy bounds the S1 thread: 32 frames of 640x272 are 17 MB per batch."""
+        GIL), since one core's memcpy bounds the S1 thread: 32 frames of 768x576 are 42 MB per batch."""
         if nbytes < PACK_PARALLEL_BYTES or len(copies) < 2:
             for dst, src in copies:
                 np.copyto(dst, src)
