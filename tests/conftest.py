@@ -29,6 +29,18 @@ def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedP
     )
 
 
+def start_streamd(config: Path, *extra: str) -> subprocess.Popen:
+    """``streamd run CONFIG`` as a live subprocess (no status line, stdout discarded, stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamd", "run", str(config), "--no-status", *extra],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
 @pytest.fixture(scope="session")
 def assets() -> None:
     missing = [p for p in (MODEL, CLIP, CLIP_HEVC) if not p.exists()]

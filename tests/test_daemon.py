@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
-from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT, run_streamd
+from tests.conftest import CLIP, CLIP_HEVC, MODEL, run_streamd, start_streamd
 from tests.test_reference_detections import NANODET_MODEL, write_config
 
 
@@ -27,14 +24,7 @@ def test_metrics_and_health_over_http(tmp_path, assets) -> None:
     cfg = tmp_path / "m.yaml"
     write_config(cfg, f"  - id: cam\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true", out)
     cfg.write_text(cfg.read_text() + f"metrics:\n  enabled: true\n  port: {port}\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = start_streamd(cfg)
     try:
         text, deadline = "", time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -20,11 +20,8 @@ batches of 4; 0.14 s with batches of 1 under load). That is the drop rule workin
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,6 +29,7 @@ import av
 import pytest
 import yaml
 
+from tests.conftest import start_streamd
 from tests.sources.conftest import CLIP, ROOT, RtspServer
 
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -63,14 +61,7 @@ def run_daemon(url: str, tmp_path: Path, detect_fps: float, until_pts: float) ->
     cfg["sinks"] = [{"type": "jsonl", "path": str(out)}]
     path = tmp_path / "live.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(path), "--no-status"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = start_streamd(path)
     try:
         deadline = time.monotonic() + 20 + until_pts
         while time.monotonic() < deadline and proc.poll() is None:
