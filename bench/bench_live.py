@@ -161,23 +161,16 @@ class Daemon:
 
 # -- one live run -------------------------------------------------------------------------------------------
 def read_records(path: Path) -> list[dict]:
-    out = []
-    with path.open() as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the last line may be half-written
-            if "type" not in r:
-                out.append(slim(r))
-    return out
+    """Every complete result line of the file (a half-written last line is left out)."""
+    return Tail(path, from_start=True).records()
 
 
 class Tail:
     """New complete lines of a growing JSONL file (a soak's file is ~1 GB: never re-read it per poll)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.rest = path, path.stat().st_size if path.exists() else 0, b""
+    def __init__(self, path: Path, *, from_start: bool = False) -> None:
+        start = 0 if from_start or not path.exists() else path.stat().st_size
+        self.path, self.offset, self.rest = path, start, b""
 
     def records(self) -> list[dict]:
         with self.path.open("rb") as f:
@@ -764,9 +757,10 @@ def markdown(r: dict) -> str:
             lines.append("| " + " | ".join(map(str, row)) + " |")
         for x in r["pipelined"]:
             for slots in (4, 1):
+                host, gpu = x.get(f"host_ms_slots{slots}"), x.get(f"gpu_ms_slots{slots}")
                 lines.append(
-                    f"batch {x['batch']} ring_slots {slots}: host ms/batch {x.get(f'host_ms_slots{slots}')}, "
-                    f"GPU ms {x.get(f'gpu_ms_slots{slots}')}"
+                    f"{x.get('frames', 'host')} frames, batch {x['batch']} ring_slots {slots}: host ms/batch "
+                    f"{host}, GPU ms {gpu}, host wait ms {x.get(f'host_wait_ms_slots{slots}')}"
                 )
     if "soak" in r:
         x = r["soak"]
