@@ -301,6 +301,9 @@ class Pipeline:
         for w in self.workers.values():
             w.join(timeout)
         took = time.monotonic() - t0
+        # The workers closed their queues: the consumer ends by itself once it has taken every frame still
+        # queued (a session's end flushes the decoder's last pictures); stopping it first lost those.
+        self._consumer.join(5)
         self._consumer_stop.set()
         self._consumer.join(5)
         return took
