@@ -48,10 +48,19 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def config_text(
-    clip: Path, n: int, out: Path, *, batch: int, workers: str, engine: str = "torch", extra: str = ""
+    clip: Path,
+    n: int,
+    out: Path,
+    *,
+    batch: int,
+    workers: str,
+    engine: str = "torch",
+    extra: str = "",
+    realtime: bool = True,
 ) -> str:
+    pace = "true" if realtime else "false"
     streams = "".join(
-        f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: true\n    loop: true\n" for i in range(n)
+        f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: {pace}\n    loop: true\n" for i in range(n)
     )
     return (
         f"streams:\n{streams}"
@@ -214,8 +223,13 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     # delivered when the box is past its capacity.
     share = min(fps, len(inside) / seconds / max(1, n))
     fair_share = (min(counts) / seconds) / share if counts and share else 0.0
+    # Delivered fps second by second ("for the whole window": a collapse shows as a low second).
+    second = np.array([int(r["time"] - t0) for r in inside], dtype=np.int64)
+    per_second = np.bincount(second, minlength=int(seconds))[: int(seconds)]
     return {
         "delivered_fps": round(len(inside) / seconds, 1),
+        "min_1s_fps": int(per_second.min()) if per_second.size else 0,
+        "max_1s_fps": int(per_second.max()) if per_second.size else 0,
         "drops_in_window": gaps,
         "p50_ms": round(float(np.percentile(lat, 50)), 2),
         "p99_ms": round(float(np.percentile(lat, 99)), 2),
@@ -236,17 +250,20 @@ def live_run(
     soak_s: float = 0.0,
     extra: str = "",
     spare: bool = True,
+    realtime: bool = True,
 ) -> dict:
     out = tmp / f"live-{n}.jsonl"
     out.unlink(missing_ok=True)
     cfg = tmp / f"live-{n}.yaml"
     text = config_text(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
-        extra="" if spare else "  spare_worker: false\n",
+        extra="" if spare else "  spare_worker: false\n", realtime=realtime,
     )  # fmt: skip
     cfg.write_text(text + extra)
     d = Daemon(cfg)
-    row: dict = {"streams": n, "offered_fps": n * args.fps, "workers": args.workers}
+    # Unpaced (realtime: false) files wait for room instead of dropping: what is delivered is the capacity.
+    offered = n * args.fps if realtime else 0.0
+    row: dict = {"streams": n, "offered_fps": offered, "workers": args.workers, "realtime": realtime}
     if extra:
         row["extra"] = extra.strip()
     try:
@@ -303,7 +320,7 @@ def live_run(
             records = history
         else:
             records = read_records(out)
-        row.update(window_stats(records, t0, t1, n, args.fps))
+        row.update(window_stats(records, t0, t1, n, args.fps if realtime else float("inf")))
         row["host_cpu_ms_per_frame"] = round(cpu * 1e3 / max(1, row["delivered_fps"] * (t1 - t0)), 3)
         last = samples[-1] if samples else {"rss_mb": {}, "gpu_mb": {}}
         row["rss_mb_max_process"] = max(last["rss_mb"].values() or [0])
@@ -391,15 +408,17 @@ def restart_probe(
 
 # -- decode-only ceiling -------------------------------------------------------------------------------------
 def decode_frames(
-    clip: Path, threads: int, seconds: float, start_at: float | None = None
+    clip: Path, threads: int, seconds: float, start_at: float | None = None, warm: float = 4.0
 ) -> tuple[int, float, float]:
-    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads for ``seconds`` from ``start_at`` (a
-    time.time(); now when None): (frames decoded, wall start, wall end)."""
+    """Plain PyNvVideoCodec (its own demuxer + decoder) in threads: (frames decoded in the window, window
+    start, window end; wall times). The threads start at ``start_at`` (a time.time(); now when None); the
+    window begins ``warm`` s later, once every decoder is created (creating dozens at once takes seconds
+    and is not decoding), and lasts ``seconds``."""
     import PyNvVideoCodec as nvc
 
-    if start_at is not None:
-        time.sleep(max(0.0, start_at - time.time()))
-    stop = time.monotonic() + seconds
+    t_start = start_at if start_at is not None else time.time()  # every process's window at the same times
+    time.sleep(max(0.0, t_start - time.time()))
+    stop = time.monotonic() + (t_start + warm + seconds + 0.5 - time.time())
     counts = [0] * threads
 
     def body(i: int) -> None:
@@ -411,19 +430,22 @@ def decode_frames(
                 if time.monotonic() >= stop:
                     break
 
-    t0 = time.time()
-    ts = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+    ts = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
     for t in ts:
         t.start()
+    time.sleep(max(0.0, t_start + warm - time.time()))
+    c0, w0 = sum(counts), time.time()
+    time.sleep(max(0.0, t_start + warm + seconds - time.time()))
+    c1, w1 = sum(counts), time.time()
     for t in ts:
         t.join()
-    return sum(counts), t0, time.time()
+    return c1 - c0, w0, w1
 
 
 def decode_ceiling(clip: Path, threads: int, seconds: float) -> float:
     """Decode-only frames/s of one process."""
-    frames, t0, t1 = decode_frames(clip, threads, seconds)
-    return frames / (t1 - t0)
+    frames, w0, w1 = decode_frames(clip, threads, seconds)
+    return frames / (w1 - w0)
 
 
 def _decode_part(clip: Path, threads: int, seconds: float, start_at: float, results) -> None:
@@ -434,9 +456,9 @@ def _decode_part(clip: Path, threads: int, seconds: float, start_at: float, resu
 
 
 def decode_ceiling_processes(clip: Path, processes: int, threads: int, seconds: float) -> float:
-    """The same in ``processes`` processes of ``threads`` threads, meant to run together: frames of all of
-    them over the span from the first start to the last end (a late process lowers the figure, never
-    inflates it). One Python process may be bound by its GIL before NVDEC is."""
+    """The same in ``processes`` processes of ``threads`` threads, their windows at the same wall times:
+    frames of all of them over the span from the first window start to the last window end (a late process
+    lowers the figure, never inflates it). One Python process may be bound by its GIL before NVDEC is."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -598,7 +620,22 @@ def main() -> int:
         "--ceiling-processes",
         type=int,
         default=8,
-        help="also the ceiling in N processes x 4 threads (0: skip)",
+        help="also the ceiling in N processes x --ceiling-process-threads threads (0: skip)",
+    )
+    ap.add_argument(
+        "--ceiling-process-threads",
+        type=int,
+        default=16,
+        help="decoders per ceiling process: each Decode() waits for its picture, so one decoder is bound by "
+        "NVDEC's latency, and the ceiling needs about as many decoders as the streams it is compared with",
+    )
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        nargs="*",
+        default=[],
+        help="stream counts run unpaced (realtime: false: files wait for room, never drop): streamd's own "
+        "throughput, the capacity --overload-factor also multiplies",
     )
     ap.add_argument(
         "--overload-factor",
@@ -653,15 +690,26 @@ def main() -> int:
                 results["ceiling_fps"] = round(ceiling, 1)
                 print(f"decode-only ceiling ({args.ceiling_threads} threads): {ceiling:.0f} fps", flush=True)
             if args.ceiling_processes:
+                threads = args.ceiling_process_threads
                 try:
-                    ceiling = decode_ceiling_processes(args.clip, args.ceiling_processes, 4, 8.0)
+                    ceiling = decode_ceiling_processes(args.clip, args.ceiling_processes, threads, 10.0)
                 except Exception as exc:  # the rest of the bench still runs
                     print(f"decode-only ceiling in processes failed: {exc!r}", flush=True)
                     ceiling = 0.0
                 results["ceiling_processes_fps"] = round(ceiling, 1)
                 procs = args.ceiling_processes
-                print(f"decode-only ceiling ({procs} processes x 4 threads): {ceiling:.0f} fps", flush=True)
-            top = max(results.get("ceiling_fps", 0.0), results.get("ceiling_processes_fps", 0.0))
+                results["ceiling_processes"] = f"{procs} x {threads}"
+                print(f"decode-only ceiling ({procs} processes x {threads}): {ceiling:.0f} fps", flush=True)
+            results["capacity"] = []
+            for n in args.capacity:  # no spare (as past capacity): nothing built during the window
+                row = live_run(args, n, tmp, spare=False, realtime=False)
+                results["capacity"].append(row)
+                print(json.dumps(row), flush=True)
+            top = max(
+                [results.get("ceiling_fps", 0.0), results.get("ceiling_processes_fps", 0.0)]
+                + [x.get("delivered_fps", 0.0) for x in results["capacity"]]
+            )
+            results["overload_reference_fps"] = top
             if args.overload_factor and top:
                 args.overload.append(int(np.ceil(args.overload_factor * top / args.fps)))
             if args.single:
@@ -715,15 +763,19 @@ def markdown(r: dict) -> str:
         lines.append("")
     if "ceiling_processes_fps" in r:
         lines.append(
-            f"decode-only ceiling (plain PyNvVideoCodec, processes): **{r['ceiling_processes_fps']} fps**"
+            f"decode-only ceiling (plain PyNvVideoCodec, {r.get('ceiling_processes', '?')} processes x "
+            f"decoders): **{r['ceiling_processes_fps']} fps**"
         )
         lines.append("")
-    rows = ([r["single"]] if "single" in r else []) + r.get("ramp", [])
+    if r.get("overload_reference_fps"):
+        lines += [f"highest ceiling / unpaced capacity: {r['overload_reference_fps']} fps", ""]
+    rows = ([r["single"]] if "single" in r else []) + r.get("capacity", []) + r.get("ramp", [])
     if rows:
         lines += [
-            "| streams | workers | offered fps | delivered fps | drops | p50 ms | p99 ms | max ms "
-            "| min stream share | min fair share | CPU ms/frame | procs | RSS MB max | GPU MB/proc | exit |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+            "| streams | workers | offered fps | delivered fps | slowest / fastest 1 s | drops | p50 ms "
+            "| p99 ms | max ms | min stream share | min fair share | CPU ms/frame | procs | RSS MB max "
+            "| GPU MB/proc | exit |",
+            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for x in rows:
             if "error" in x:
@@ -731,9 +783,10 @@ def markdown(r: dict) -> str:
                 continue
             gpu = x.get("gpu_mb_per_process") or []
             label = f"{x['streams']}" + (" (tracking)" if "tracking" in x.get("extra", "") else "")
+            offered = f"{x['offered_fps']:.0f}" if x.get("realtime", True) else "unpaced"
             lines.append(
-                f"| {label} | {x.get('workers')} | {x['offered_fps']:.0f} | {x['delivered_fps']} "
-                f"| {x['drops_in_window']} "
+                f"| {label} | {x.get('workers')} | {offered} | {x['delivered_fps']} "
+                f"| {x.get('min_1s_fps')} / {x.get('max_1s_fps')} | {x['drops_in_window']} "
                 f"| {x['p50_ms']} | {x['p99_ms']} | {x['max_ms']} | {x['min_stream_share']} "
                 f"| {x.get('min_fair_share')} "
                 f"| {x['host_cpu_ms_per_frame']} | {x.get('processes')} | {x['rss_mb_max_process']} "

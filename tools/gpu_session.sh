@@ -4,11 +4,15 @@
 #   tools/gpu_session.sh live               # bench_live: ceilings, 1 stream, 120, 260 (past what 175 showed),
 #                                           # kill -9 (spare), pipelined (~9 min)
 #   tools/gpu_session.sh soak-start S WAIT  # a soak of 64 live streams for S s (then kill -9 of a worker) in its
-#                                           # own process session (setsid: it outlives the call); the GPU suites
-#                                           # run beside it; returns after WAIT s with its samples so far
-#   tools/gpu_session.sh soak-collect       # (next call, machine still warm) waits for the soak, results to $OUT,
-#                                           # then 1 stream, 260 streams, pipelined, bench_kernels
-#   tools/gpu_session.sh rest               # every GPU suite + bench_kernels (~5 min)
+#                                           # own process session (setsid: it outlives the call); nothing runs
+#                                           # beside it (SOAK_TESTS="tests/..." runs those suites beside it);
+#                                           # returns after WAIT s with its samples so far
+#   tools/gpu_session.sh soak-collect W     # (next call, machine still warm) waits up to W s for the soak,
+#                                           # results to $OUT, then `past-capacity`
+#   tools/gpu_session.sh past-capacity      # decode-only ceiling (16 processes x 16 decoders), streamd unpaced
+#                                           # at 256 streams, then live streams offered 1.3x the higher (~6 min)
+#   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames), tests/gpu and
+#                                           # tests/engines/gpu (~5 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -50,14 +54,15 @@ case "${1:-}" in
         echo $! >"$SOAK/sid"  # setsid without a fork: the pid is the session's id (its streamd run is in it)
         echo "soak started (session $!)"
         end=$((SECONDS + ${3:-560}))
-        # The GPU suites run beside the soak (its 64 streams use about a third of the box): a harder soak.
-        OUT=/tmp/gs-soak-tests TEST_DIRS="${SOAK_TESTS:-tests/decode/gpu tests/pipeline/gpu tests/analytics/gpu tests/web/gpu \
-tests/engines/gpu}" STEP_TIMEOUT=150 WHEEL_DIR=/nonexistent timeout $((end - SECONDS - 20)) tools/gpu_run.sh --tests-only
-        cp /tmp/gs-soak-tests/summary.md "$OUT"/; pack /tmp/gs-soak-tests
+        if [[ -n "${SOAK_TESTS:-}" ]]; then  # a harder soak, but its drops then count the suites' load too
+            OUT=/tmp/gs-soak-tests TEST_DIRS="$SOAK_TESTS" STEP_TIMEOUT=150 WHEEL_DIR=/nonexistent \
+                timeout $((end - SECONDS - 20)) tools/gpu_run.sh --tests-only
+            cp /tmp/gs-soak-tests/summary.md "$OUT"/; pack /tmp/gs-soak-tests
+        fi
         while ((SECONDS < end)); do cp "$SOAK/soak_partial.json" "$OUT"/ 2>/dev/null; sleep 10; done
         cp "$SOAK/soak_partial.json" "$SOAK/log" "$OUT"/ 2>/dev/null
-        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in ('streams','growth')}, \
-len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ('streams','growth', \
+'so_far')}, len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         ;;
     soak-collect)
         install
@@ -70,19 +75,27 @@ len(r['samples']), 'samples')" "$SOAK/soak_partial.json"
         cp "$SOAK"/bench_live.md "$OUT"/soak.md; cp "$SOAK"/bench_live.json "$OUT"/soak.json
         cp "$SOAK/log" "$OUT"/soak.log
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
-        # then what the first call left out: 1 stream, past capacity, pipelined, kernels
-        work=/tmp/gs-collect; mkdir -p "$work"
-        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --single --streams --overload 260 \
---pipelined 1 32 --pipelined-frames host device;bench/bench_kernels.py --out \$OUT" STEP_TIMEOUT=330 WHEEL_DIR=/nonexistent tools/gpu_run.sh --bench-only
-        cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
+        if ((SECONDS > 200)); then echo "past-capacity left for the next call (${SECONDS} s used)"; exit 0; fi
+        STEP_TIMEOUT=$((585 - SECONDS)) exec "$0" past-capacity
+        ;;
+    past-capacity)
+        install
+        work=/tmp/gs-capacity; mkdir -p "$work"
+        OUT="$work" BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 16 \
+--ceiling-process-threads 16 --capacity 256 --overload-factor 1.3 --streams" STEP_TIMEOUT=${STEP_TIMEOUT:-480} \
+            WHEEL_DIR=/nonexistent \
+            tools/gpu_run.sh --bench-only
+        cp "$work"/bench_live.md "$OUT"/capacity.md; cp "$work"/bench_live.json "$OUT"/capacity.json
         pack "$work"
         ;;
     rest)
         install
-        OUT="$OUT/run" WHEEL_DIR=/nonexistent TEST_DIRS="tests/gpu tests/engines/gpu tests/decode/gpu tests/pipeline/gpu \
-tests/analytics/gpu tests/web/gpu" BENCHES="bench/bench_kernels.py --out \$OUT" \
-            STEP_TIMEOUT=200 tools/gpu_run.sh
-        cp "$OUT/run/summary.md" "$OUT"/; pack "$OUT/run"
+        work=/tmp/gs-rest; mkdir -p "$work"
+        OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="tests/gpu tests/engines/gpu" BENCHES="bench/bench_live.py \
+--clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams --pipelined 1 32 \
+--pipelined-frames device host" STEP_TIMEOUT=240 tools/gpu_run.sh
+        cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
+        pack "$work"
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | rest" >&2; exit 2 ;;
+    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | rest" >&2; exit 2 ;;
 esac
