@@ -11,6 +11,9 @@
 #                                           # results to $OUT, then `past-capacity`
 #   tools/gpu_session.sh past-capacity      # decode-only ceiling (16 processes x 16 decoders), streamd unpaced
 #                                           # at 256 streams, then live streams offered 1.3x the higher (~6 min)
+#   tools/gpu_session.sh overload N...     # live rows at N streams (no spare), 40 s warm-up each: the ramp's
+#                                           # plateau is the capacity; a row >= 1.3x it is past capacity; and
+#                                           # the torch engine's GPU test (~6 min for 3 rows)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames), tests/gpu and
 #                                           # tests/engines/gpu (~5 min)
 #
@@ -86,6 +89,15 @@ case "${1:-}" in
             WHEEL_DIR=/nonexistent \
             tools/gpu_run.sh --bench-only
         cp "$work"/bench_live.md "$OUT"/capacity.md; cp "$work"/bench_live.json "$OUT"/capacity.json
+        pack "$work"
+        ;;
+    overload)
+        install; shift
+        work=/tmp/gs-overload; mkdir -p "$work"
+        OUT="$work" TEST_DIRS="tests/engines/gpu/test_torch_engine_gpu.py" BENCHES="bench/bench_live.py --clip $CLIP \
+--out \$OUT --ceiling-threads 0 --ceiling-processes 0 --warmup 40 --streams --overload ${*:-200 260 320}" \
+            STEP_TIMEOUT=540 WHEEL_DIR=/nonexistent tools/gpu_run.sh
+        cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
     rest)

@@ -125,8 +125,9 @@ def _borderline(dets, k: int, score_threshold: float, iou_threshold: float, marg
     return None
 
 
-def match(ref, got, post, margin: float) -> tuple[int, int, list[str], list[str]]:
-    """Greedy one-to-one matching per frame (same class, IoU ≥ 0.95).
+def match(ref, got, post, margin: float, px: float) -> tuple[int, int, list[str], list[str]]:
+    """Greedy one-to-one matching per frame (same class, IoU ≥ 0.95, or every corner within ``px`` pixels:
+    fp16 holds coordinates 256..512 to 0.25 px, which moves a small box's IoU below 0.95 on its own).
 
     Returns (matched, total reference detections, borderline flips, problems). An unmatched detection is a
     borderline flip (reported, not a failure) only when ``_borderline`` explains it."""
@@ -143,6 +144,8 @@ def match(ref, got, post, margin: float) -> tuple[int, int, list[str], list[str]
                 if j in used or g.class_id[j] != r.class_id[i]:
                     continue
                 v = iou(r.xyxy[i], g.xyxy[j])
+                if float(np.abs(r.xyxy[i] - g.xyxy[j]).max()) <= px:
+                    v = max(v, 1.0)  # the same box to the engine's precision
                 if v > best_iou:
                     best, best_iou = j, v
             if best is not None and best_iou >= 0.95:
@@ -179,7 +182,8 @@ def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
     postprocess = CpuPostprocessor(post)
     ref_dets, got_dets = postprocess(reference), postprocess(got)
     margin = 0.002 if precision == "fp32" else 0.01
-    matched, total, flips, problems = match(ref_dets, got_dets, post, margin)
+    px = 0.05 if precision == "fp32" else 1.0  # fp16: 4 steps of 0.25 px (coordinates above 256)
+    matched, total, flips, problems = match(ref_dets, got_dets, post, margin, px)
     RESULTS[precision] = {
         "frames": len(frames),
         "reference_detections": total,
