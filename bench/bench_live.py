@@ -333,9 +333,20 @@ def live_run(
                 row["restart"] = restart_probe(args, d, out, {"streams": n}, history, tail)
     finally:
         row["exit"] = d.stop()
+        row["warnings"] = warnings(d.log)
         summary = [line.strip() for line in d.log if "streamd: done" in line]
         row["summary"] = summary[-1] if summary else "".join(d.log)[-600:]
     return row
+
+
+def warnings(log: list[str], keep: int = 12) -> dict[str, int]:
+    """The daemon's WARNING/ERROR lines, counted by kind (stream ids and numbers masked): what went wrong."""
+    kinds: dict[str, int] = defaultdict(int)
+    for line in log:
+        if " WARNING " in line or " ERROR " in line:
+            text = line.split(" ", 3)[-1].strip()  # without the time stamp
+            kinds[re.sub(r"\d+", "N", text)[:240]] += 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:keep])
 
 
 def growth(samples: list[dict], skip_s: float) -> dict:
