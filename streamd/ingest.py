@@ -40,7 +40,7 @@ from typing import Any
 
 from streamd import logutil
 from streamd.config import StreamConfig
-from streamd.decode import DecodedPicture, DecodeError, Decoder, close_later, create_decoder
+from streamd.decode import DecodedPicture, DecodeError, Decoder, DecoderFull, close_later, create_decoder
 from streamd.pipeline.batcher import StreamQueue
 from streamd.sources import Demuxer, SourceError, VideoInfo, open_stream
 from streamd.sources.backoff import Backoff, StallWatch
@@ -60,7 +60,7 @@ class StreamStats:
     decoded: int = 0
     decode_errors: int = 0  # packets the decoder rejected (corrupt data); the stream went on
     read_errors: int = 0  # failed opens and reads (refused, timeout, truncated file, stall)
-    state: str = "starting"  # starting | running | reconnecting | ended | failed
+    state: str = "starting"  # starting | running | reconnecting | no_decoder | ended | failed
     reconnects: int = 0  # sessions reopened after a failure (live streams)
     stalls: int = 0  # sessions given up because nothing arrived for stall_timeout_s
     dropped_surfaces: int = 0  # NVDEC pictures dropped because downstream held every pooled buffer
@@ -80,6 +80,10 @@ class StreamStats:
 
 class _Stall(SourceError):
     """No packet or no decoded frame for stall_timeout_s on a live stream."""
+
+
+class _NoDecoder(Exception):
+    """The GPU had no room for this stream's hardware decoder (``DecoderFull``): wait and try again."""
 
 
 class StreamWorker:
@@ -133,6 +137,9 @@ class StreamWorker:
         self._arrivals: collections.deque[tuple[int | None, float]] = collections.deque(maxlen=64)
         # One pacer for all passes of a paced file: the timeline continues, so does the schedule.
         self._pacer = Pacer(stop) if cfg.realtime and not cfg.is_live else None
+        # No hardware decoder to be had (DecoderFull): why, and the waits before trying again.
+        self._no_decoder: str | None = None
+        self._decoder_wait = Backoff(cfg.reconnect_initial_s, cfg.reconnect_max_s)
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
     nominal_fps = 0.0  # the source's own frame rate once known (0: the container states none)
@@ -201,6 +208,11 @@ class StreamWorker:
                 demuxer.close()
             if self.stop.is_set():
                 return
+            if self._no_decoder is not None:
+                reason, self._no_decoder = self._no_decoder, None
+                if not self._wait_for_decoder(reason):
+                    return
+                continue
             if not cfg.is_live:
                 if not cfg.loop:
                     return
@@ -209,6 +221,21 @@ class StreamWorker:
             down_since = time.monotonic()
             if not self._retry(backoff, reason):
                 return
+
+    def _wait_for_decoder(self, reason: str) -> bool:
+        """No hardware decoder to be had: wait (backoff) and open the stream again. Never gives up, as
+        another stream ending frees a decoder; no CPU fallback, as CPU-decoding 1080p costs about a core per
+        few streams and would starve the streams that have decoders. False when ``stop`` is set."""
+        cfg = self.cfg
+        self.stats.state = "no_decoder"
+        self.stats.last_error = reason
+        delay = self._decoder_wait.failure() or cfg.reconnect_max_s
+        log.warning(
+            "stream %s: %s; trying again in %.1f s (fewer streams per GPU, more GPUs in pipeline.devices, or "
+            "decoder: cpu take the load)",
+            cfg.id, reason, delay,
+        )  # fmt: skip
+        return not self.stop.wait(delay)
 
     def _failed(self, exc: Exception) -> None:
         self.stats.read_errors += 1
@@ -285,6 +312,8 @@ class StreamWorker:
                 skipped = decoder.skipped
                 try:
                     pictures = decoder.decode(packet)
+                except DecoderFull as exc:
+                    raise _NoDecoder(str(exc)) from None
                 except DecodeError as exc:
                     self.stats.decode_errors += 1
                     log.warning("stream %s: undecodable packet skipped (%s)", cfg.id, exc)
@@ -292,6 +321,8 @@ class StreamWorker:
                 if decoder.skipped != skipped:
                     self.stats.decode_errors += decoder.skipped - skipped
                     log.warning("stream %s: %d corrupt picture(s) skipped", cfg.id, decoder.skipped - skipped)
+                if pictures and self._decoder_wait.failures:
+                    self._decoder_wait.success()
                 if watch is not None:
                     watch.packet()
                     if pictures:
@@ -304,6 +335,10 @@ class StreamWorker:
                     return "stopped"
             if not cfg.is_live:
                 backoff.success()
+        except _NoDecoder as exc:  # the decoder is given up (it holds nothing usable), not flushed
+            reason = self._no_decoder = str(exc)
+            self._decoder = None
+            close_later(decoder)
         except _Stall as exc:
             self.stats.stalls += 1
             self._failed(exc)
@@ -314,7 +349,9 @@ class StreamWorker:
             if not cfg.is_live:
                 log.warning("stream %s (%s): %s; ending this pass", cfg.id, cfg.redacted_url, exc)
         finally:
-            self._end_session(decoder, pacer)
+            if self._no_decoder is None:
+                self._end_session(decoder, pacer)
+            self._held = None
         return reason
 
     def _end_session(self, decoder: Decoder, pacer: Pacer | None) -> None:

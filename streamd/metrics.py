@@ -11,7 +11,8 @@ The snapshot dict (every key optional except ``per_stream``)::
     results: int                       frames whose results were produced, all streams
     stalled: bool                      the pipeline is wedged (streams run, no result for a while)
     per_stream: {stream_id: {
-        state: str                     starting | running | reconnecting | stalled | ended | failed
+        state: str                     starting | running | reconnecting | no_decoder | stalled | ended |
+                                       failed (no_decoder: waiting for room on the GPU's decoders)
         stalled: bool                  this stream delivers nothing although it should (or state 'stalled')
         worker: str | int              the worker process carrying the stream (a label)
         decoded, inferred, skipped, dropped, decode_errors, read_errors, reconnects, stalls: int (counters)
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 Snapshot = Callable[[], dict]
 FrameSnapshot = Callable[[str], "bytes | None"]
 
-STATES = ("starting", "running", "reconnecting", "stalled", "ended", "failed")
+STATES = ("starting", "running", "reconnecting", "no_decoder", "stalled", "ended", "failed")
 COUNTERS = {
     "decoded": "Frames decoded.",
     "inferred": "Frames that went through the detector.",

@@ -114,13 +114,19 @@ def stalled(workers: Sequence[WorkerSlot], now: float, stall_s: float) -> bool:
     return False
 
 
+def count_state(s: dict, state: str) -> int:
+    """Streams of a snapshot in ``state``."""
+    return sum(1 for st in s["streams"].values() if st == state)
+
+
 def print_status(s: dict) -> None:
     """The one-line status on a terminal (rewritten in place)."""
-    running = sum(1 for st in s["streams"].values() if st == "running")
+    running = count_state(s, "running")
     sys.stderr.write(
         f"\r\x1b[Kstreamd: {running}/{len(s['streams'])} streams | {s['results']} frames | "
         f"{s['fps']:.1f} fps | dropped {s['dropped']} | decode errors {s['decode_errors']}"
         + (f" | OVERLOADED: {len(s['overloaded'])} behind real time" if s.get("overloaded") else "")
+        + (f" | {waiting} waiting for a GPU decoder" if (waiting := count_state(s, "no_decoder")) else "")
     )
     sys.stderr.flush()
 

@@ -426,6 +426,8 @@ class Supervisor:
             s = self.snapshot()
             behind = s["overloaded"]
             note = f", OVERLOADED: {len(behind)} stream(s) behind real time" if behind else ""
+            if waiting := status.count_state(s, "no_decoder"):
+                note += f", {waiting} stream(s) waiting for a GPU decoder"
             systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
             self._last_status = now
             if bool(behind) != self._overloaded:  # say it when it starts and when it ends, not every tick

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamd.decode.base import DecodedPicture, DecodeError, Decoder, close_later, same_format, wait_closed
+from streamd.decode.base import (
+    DecodedPicture,
+    DecodeError,
+    Decoder,
+    DecoderFull,
+    close_later,
+    same_format,
+    wait_closed,
+)
 from streamd.sources.base import VideoInfo
 
 DECODERS = ("cpu", "nvdec")
@@ -17,6 +25,7 @@ __all__ = [
     "DecodeError",
     "DecodedPicture",
     "Decoder",
+    "DecoderFull",
     "close_later",
     "create_decoder",
     "same_format",

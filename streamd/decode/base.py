@@ -26,6 +26,12 @@ class DecodeError(RuntimeError):
     """A packet could not be decoded (corrupt or truncated data); the caller counts it and goes on."""
 
 
+class DecoderFull(DecodeError):
+    """The GPU has no room for another hardware decoder (NVDEC's session could not be created). Not the
+    packet's fault: the stream gives its decoder up and tries again later, with backoff, instead of failing
+    on every packet (on the H200 about 268 1080p H.264 decoders fit at once, bench/RESULTS.md)."""
+
+
 @dataclass(slots=True)
 class DecodedPicture:
     """One decoded picture.

@@ -32,6 +32,10 @@ Design
   PyNvVideoCodec (its destructor runs under pybind11), which stalled every other stream at each loop pass;
   now a decoder is only replaced when the SPS changes, and the replaced one is destroyed on a background
   thread (:func:`streamd.decode.base.close_later`).
+- A full GPU: NVDEC holds a limited number of decoders at once (on the H200 about 268 of 1080p H.264, in 8
+  processes: 33-34 each; ``tools/nvdec_sessions.py``). PyNvVideoCodec creates the session at the first SPS,
+  inside ``Decode()``; when ``cuvidCreateDecoder`` fails there, :class:`DecoderFull` (not a corrupt packet, no
+  recreation with a larger size): the stream gives the decoder up and tries again later with backoff.
 - Codecs: H.264 and HEVC, 8-bit 4:2:0. Hopper's NVDEC has no AV1 (``PyNvVCExceptionUnsupported``): AV1 and
   other codecs use the CPU decoder.
 
@@ -45,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from streamd.decode.base import DecodedPicture, DecodeError, close_later, same_format
+from streamd.decode.base import DecodedPicture, DecodeError, DecoderFull, close_later, same_format
 from streamd.decode.pool import Nv12Lease, SurfacePool
 from streamd.decode.sps import reorder_depth
 from streamd.gpu.decoder_io import DecoderGpu
@@ -250,6 +254,13 @@ class NvdecDecoder:
         try:
             frames = self._dec.Decode(pd)
         except Exception as exc:
+            if "cuvidCreateDecoder" in str(exc):
+                # PyNvVideoCodec creates the NVDEC session at the first SPS, inside Decode(): the GPU has no
+                # room for another one. Growing the size (below) would only ask for more.
+                detail = " ".join(str(exc).split())[:200]
+                raise DecoderFull(
+                    f"NVDEC has no room for another decoder on GPU {self.device} ({detail})"
+                ) from None
             self._errors_in_row += 1
             if self._errors_in_row >= RECREATE_AFTER:
                 self._errors_in_row = 0

@@ -13,7 +13,7 @@ STATUS_PAGE = """<!doctype html>
   table { border-collapse: collapse; margin-bottom: 1.5em; }
   th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
   th:first-child, td:first-child, td.state { text-align: left; }
-  .running { color: #080; } .reconnecting { color: #b60; }
+  .running { color: #080; } .reconnecting, .no_decoder { color: #b60; }
   .stalled, .failed { color: #c00; font-weight: bold; }
   .frames { display: flex; flex-wrap: wrap; gap: 12px; }
   figure { margin: 0; } figcaption { font-weight: bold; } img { max-width: 480px; border: 1px solid #ccc; }

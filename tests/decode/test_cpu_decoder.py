@@ -191,6 +191,11 @@ class FakeNvDecoder:
         self.fed.append((data, pd.pts, pd.decode_flag))
         if data.startswith(b"BAD"):
             raise RuntimeError("bitstream error")
+        if b"FULL" in data:  # PyNvVideoCodec 2.2.4's text when the GPU holds no more decoders (H200)
+            raise RuntimeError(
+                "HandleVideoSequence : \nError code : 2\nError Type : m_api.cuvidCreateDecoder(&m_hDecoder, "
+                "&videoDecodeCreateInfo) returned error 2\nat NvDecoder.cpp:430\n"
+            )
         if pd.decode_flag == self.nvc.VideoPacketFlag.ENDOFSTREAM:
             out, self.pending = self.pending, []
             return out
@@ -305,6 +310,18 @@ def test_decode_after_flush_keeps_the_decoder_and_errors_recreate_it() -> None:
     assert len(nvc.decoders) == 2 and dec.recreated == 1
     assert (nvc.decoders[1].kw["maxwidth"], nvc.decoders[1].kw["maxheight"]) == (3840, 2176)
     assert wait_closed(5) and nvc.decoders[0].released  # the old one was dropped on the closer thread
+
+
+def test_no_room_for_a_decoder_is_decoder_full_and_never_grows_the_decoder() -> None:
+    """Failed NVDEC session creation is not a corrupt packet: DecoderFull (the stream waits and retries),
+    and no recreation with twice the size headroom (that asks the full GPU for more)."""
+    from streamd.decode import DecoderFull
+
+    dec, _, nvc = make_nvdec()
+    for i in range(2 * 3):
+        with pytest.raises(DecoderFull, match=r"no room for another decoder on GPU 0.*cuvidCreateDecoder"):
+            dec.decode(pkt(b"\x00\x00\x01FULL", i))
+    assert len(nvc.decoders) == 1 and dec.recreated == 0
 
 
 def test_new_sps_flushes_and_replaces_the_decoder_off_the_decode_thread() -> None:

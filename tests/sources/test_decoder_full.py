@@ -1,0 +1,67 @@
+"""A GPU with no room for another hardware decoder (NVDEC's session creation fails, as past ~268 1080p
+decoders on the H200): the stream waits with backoff and opens again, the others never notice."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from streamd import ingest
+from streamd.config.streams import StreamConfig
+from streamd.decode import DecoderFull, wait_closed
+from tests.sources.conftest import CLIP
+
+FRAMES = 795  # tests/sources/conftest.py: the bundled clip
+
+
+class _NoRoom:
+    """What an NVDEC decoder does when the GPU holds no more: the first packet (its SPS) fails."""
+
+    name, skipped = "nvdec", 0
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def decode(self, packet):
+        raise DecoderFull("NVDEC has no room for another decoder on GPU 0 (cuvidCreateDecoder ... error 2)")
+
+    def flush(self):
+        raise AssertionError("a decoder that never started is given up, not flushed")
+
+    def restart(self, info) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_stream_without_a_decoder_waits_and_the_others_go_on(pipeline, monkeypatch, caplog) -> None:
+    real = ingest.create_decoder
+    refused: list[_NoRoom] = []
+
+    def create(kind, info, **kw):
+        if kw.pop("_stream", None) == "full" and len(refused) < 2:
+            refused.append(_NoRoom())
+            return refused[-1]
+        return real(kind, info, **kw)
+
+    monkeypatch.setattr(ingest, "create_decoder", create)
+    pipe = pipeline(capacity=2)
+    cfg = StreamConfig(id="full", url=str(CLIP), reconnect_initial_s=0.3, reconnect_max_s=0.6)
+    full = pipe.add(cfg, policy="block", decoder_options={"_stream": "full"})
+    other = pipe.add(StreamConfig(id="ok", url=str(CLIP)), policy="block")
+    caplog.set_level(logging.WARNING, logger="streamd.ingest")
+    t0 = time.monotonic()
+    pipe.start()
+    assert pipe.wait_until(lambda: full.stats.state == "no_decoder", 10)
+    assert "cuvidCreateDecoder" in full.stats.last_error
+    assert full.join(60) and other.join(60)
+    waited = time.monotonic() - t0
+    for worker, sid in ((full, "full"), (other, "ok")):
+        s = worker.stats
+        assert s.state == "ended" and s.decoded == FRAMES and s.decode_errors == 0, (sid, s)
+        assert pipe.wait_frames(sid, FRAMES, timeout=5) and pipe.seen[sid].indices == list(range(FRAMES))
+    assert wait_closed(5) and len(refused) == 2 and all(d.closed for d in refused)  # given up, closed
+    assert waited >= 0.3 + 0.6  # two waits, with backoff: no retry on every packet
+    lines = [r.getMessage() for r in caplog.records if "no room for another decoder" in r.getMessage()]
+    assert len(lines) == 2 and all("trying again in" in line for line in lines)
