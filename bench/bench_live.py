@@ -234,9 +234,9 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
         "p50_ms": round(float(np.percentile(lat, 50)), 2),
         "p99_ms": round(float(np.percentile(lat, 99)), 2),
         "max_ms": round(float(lat.max()), 2),
-        "min_stream_share": round(fair, 3),
+        "min_stream_share": round(fair, 3) if np.isfinite(fps) else None,  # unpaced: nothing offered
         "min_fair_share": round(fair_share, 3),
-        "max_stream_share": round((max(counts) / seconds) / fps, 3) if counts else 0.0,
+        "max_stream_share": round((max(counts) / seconds) / fps, 3) if counts and np.isfinite(fps) else None,
         "streams_seen": len(per_stream),
     }
 

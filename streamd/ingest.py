@@ -66,7 +66,7 @@ class StreamStats:
     dropped_surfaces: int = 0  # NVDEC pictures dropped because downstream held every pooled buffer
     skipped: int = 0  # decoded frames not sent to the detector (streams[].detect_fps); not drops
     opens: int = 0  # open attempts: the first open, reopens after failures, file loop passes
-    decoders_created: int = 0  # decoders made for this stream (1 unless its format changed)
+    decoders_created: int = 0  # decoders made (1 unless the format changed or the GPU had no room)
     last_packet: float = 0.0  # time.monotonic() of the last packet read (0: none yet)
     last_error: str = ""  # the last failure, credentials redacted
     backend: str = ""  # demux backend in use: pyav | opencv
@@ -201,7 +201,8 @@ class StreamWorker:
                 )  # fmt: skip
                 down_since = None
             self.stats.backend = demuxer.backend
-            self.stats.state = "running"
+            if self.stats.state != "no_decoder":  # running again once a picture comes (not "behind" before)
+                self.stats.state = "running"
             try:
                 reason = self._session(demuxer, backoff)
             finally:
@@ -313,6 +314,7 @@ class StreamWorker:
                 try:
                     pictures = decoder.decode(packet)
                 except DecoderFull as exc:
+                    self._emit(exc.pictures, 0.0, pacer)  # decoded before the new session failed
                     raise _NoDecoder(str(exc)) from None
                 except DecodeError as exc:
                     self.stats.decode_errors += 1
@@ -321,8 +323,9 @@ class StreamWorker:
                 if decoder.skipped != skipped:
                     self.stats.decode_errors += decoder.skipped - skipped
                     log.warning("stream %s: %d corrupt picture(s) skipped", cfg.id, decoder.skipped - skipped)
-                if pictures and self._decoder_wait.failures:
+                if pictures and self.stats.state == "no_decoder":
                     self._decoder_wait.success()
+                    self.stats.state = "running"
                 if watch is not None:
                     watch.packet()
                     if pictures:
@@ -337,8 +340,11 @@ class StreamWorker:
                 backoff.success()
         except _NoDecoder as exc:  # the decoder is given up (it holds nothing usable), not flushed
             reason = self._no_decoder = str(exc)
+            self._count_dropped(decoder)
             self._decoder = None
             close_later(decoder)
+            if pacer is not None:  # the frames after the wait are due from then, not in a burst
+                pacer.reset()
         except _Stall as exc:
             self.stats.stalls += 1
             self._failed(exc)
@@ -369,6 +375,9 @@ class StreamWorker:
             guess = None if self._last_out is None else self._last_out + self._period
             self._put(pic, guess, arrived, decode_ms, pacer)
         self._held = None
+        self._count_dropped(decoder)
+
+    def _count_dropped(self, decoder: Decoder) -> None:
         dropped = int(getattr(decoder, "dropped", 0))
         self.stats.dropped_surfaces += dropped - self._surfaces_dropped
         self._surfaces_dropped = dropped

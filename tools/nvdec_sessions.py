@@ -16,7 +16,7 @@ import multiprocessing as mp
 import time
 
 
-def part(clip: str, k: int, packets: int, out) -> None:
+def part(clip: str, k: int, packets: int, out, barrier) -> None:
     import PyNvVideoCodec as nvc
 
     first = None
@@ -36,8 +36,8 @@ def part(clip: str, k: int, packets: int, out) -> None:
         except Exception as exc:
             if first is None:
                 first = f"decoder {i}: {type(exc).__name__}: {exc}"
+    barrier.wait(timeout=240)  # every process has made all its decoders before any lets go of them
     out.put({"created": len(decoders), "gave_pictures": good, "first_error": first})
-    time.sleep(2.0)  # every process holds its decoders at the same time
 
 
 def main() -> None:
@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--packets", type=int, default=30)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=part, args=(args.clip, args.decoders, args.packets, out))
+    out, barrier = ctx.Queue(), ctx.Barrier(args.processes)
+    procs = [ctx.Process(target=part, args=(args.clip, args.decoders, args.packets, out, barrier))
              for _ in range(args.processes)]  # fmt: skip
     t0 = time.time()
     for p in procs:

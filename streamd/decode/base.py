@@ -26,12 +26,6 @@ class DecodeError(RuntimeError):
     """A packet could not be decoded (corrupt or truncated data); the caller counts it and goes on."""
 
 
-class DecoderFull(DecodeError):
-    """The GPU has no room for another hardware decoder (NVDEC's session could not be created). Not the
-    packet's fault: the stream gives its decoder up and tries again later, with backoff, instead of failing
-    on every packet (on the H200 about 268 1080p H.264 decoders fit at once, bench/RESULTS.md)."""
-
-
 @dataclass(slots=True)
 class DecodedPicture:
     """One decoded picture.
@@ -47,6 +41,17 @@ class DecodedPicture:
     image: np.ndarray | None = None
     surface: Any = None
     luma: np.ndarray | None = None
+
+
+class DecoderFull(DecodeError):
+    """The GPU has no room for another hardware decoder (NVDEC's session could not be created). Not the
+    packet's fault: the stream gives its decoder up and tries again later, with backoff, instead of failing
+    on every packet (on the H200 about 268 1080p H.264 decoders fit at once, bench/RESULTS.md).
+    ``pictures``: what the decoder still gave before it failed (the old sequence's, at a format change)."""
+
+    def __init__(self, message: str, pictures: list[DecodedPicture] | None = None) -> None:
+        super().__init__(message)
+        self.pictures = pictures or []
 
 
 class Decoder(Protocol):

@@ -34,8 +34,9 @@ Design
   thread (:func:`streamd.decode.base.close_later`).
 - A full GPU: NVDEC holds a limited number of decoders at once (on the H200 about 268 of 1080p H.264, in 8
   processes: 33-34 each; ``tools/nvdec_sessions.py``). PyNvVideoCodec creates the session at the first SPS,
-  inside ``Decode()``; when ``cuvidCreateDecoder`` fails there, :class:`DecoderFull` (not a corrupt packet, no
-  recreation with a larger size): the stream gives the decoder up and tries again later with backoff.
+  inside ``Decode()``; when ``cuvidCreateDecoder`` fails there with error 2 (out of memory), that is
+  :class:`DecoderFull` (not a corrupt packet; no recreation with a larger size; the pictures decoded before
+  go with it): the stream gives the decoder up and tries again later with backoff.
 - Codecs: H.264 and HEVC, 8-bit 4:2:0. Hopper's NVDEC has no AV1 (``PyNvVCExceptionUnsupported``): AV1 and
   other codecs use the CPU decoder.
 
@@ -235,7 +236,11 @@ class NvdecDecoder:
         pd.pts = NO_PTS if packet.pts is None else int(packet.pts)
         if self.latency == "low":  # one whole picture per packet: decode and display it now
             pd.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
-        return before + self._run(pd)  # `view` stays referenced until Decode() has parsed it
+        try:
+            return before + self._run(pd)  # `view` stays referenced until Decode() has parsed it
+        except DecoderFull as exc:  # the old sequence's pictures still go out
+            exc.pictures = before + exc.pictures
+            raise
 
     def flush(self) -> list[DecodedPicture]:
         """Every picture still in the decoder (ENDOFSTREAM) at the end of a stream, a file pass or a live
@@ -254,7 +259,7 @@ class NvdecDecoder:
         try:
             frames = self._dec.Decode(pd)
         except Exception as exc:
-            if "cuvidCreateDecoder" in str(exc):
+            if "cuvidCreateDecoder" in str(exc) and "returned error 2" in str(exc):
                 # PyNvVideoCodec creates the NVDEC session at the first SPS, inside Decode(): the GPU has no
                 # room for another one. Growing the size (below) would only ask for more.
                 detail = " ".join(str(exc).split())[:200]

@@ -324,6 +324,32 @@ def test_no_room_for_a_decoder_is_decoder_full_and_never_grows_the_decoder() -> 
     assert len(nvc.decoders) == 1 and dec.recreated == 0
 
 
+def test_no_room_at_a_format_change_keeps_the_old_sequences_pictures() -> None:
+    from streamd.decode import DecoderFull
+
+    dec, _, nvc = make_nvdec()
+    assert dec.decode(pkt(b"\x00\x00\x00\x01gSPS-A\x00\x00\x00\x01e-IDR", 0)) == []  # one picture pending
+    with pytest.raises(DecoderFull) as caught:
+        dec.decode(pkt(b"\x00\x00\x00\x01gSPS-B\x00\x00\x00\x01eFULL", 1))
+    assert [p.pts for p in caught.value.pictures] == [0.0] and len(nvc.decoders) == 2
+
+
+def test_other_session_failures_are_not_decoder_full() -> None:
+    """A profile or size NVDEC cannot take fails creation with another code: not 'the GPU is full'."""
+    from streamd.decode import DecoderFull
+
+    dec, _, _ = make_nvdec()
+    nvc_error = "HandleVideoSequence : cuvidCreateDecoder(&m_hDecoder, &info) returned error 801"
+
+    def refuse(pd):
+        raise RuntimeError(nvc_error)
+
+    dec._dec.Decode = refuse
+    with pytest.raises(DecodeError) as caught:
+        dec.decode(pkt(b"\x00\x00\x01x", 0))
+    assert not isinstance(caught.value, DecoderFull)
+
+
 def test_new_sps_flushes_and_replaces_the_decoder_off_the_decode_thread() -> None:
     dec, _, nvc = make_nvdec()
     sps_a, sps_b = b"\x00\x00\x00\x01\x67AAAA", b"\x00\x00\x00\x01\x67BBBB"
