@@ -65,7 +65,8 @@ def run_daemon(url: str, tmp_path: Path, detect_fps: float, until_pts: float) ->
     try:
         deadline = time.monotonic() + 20 + until_pts
         while time.monotonic() < deadline and proc.poll() is None:
-            lines = out.read_text().splitlines() if out.exists() else []
+            # complete lines only: the sink may be halfway through writing the last one
+            lines = out.read_text().split("\n")[:-1] if out.exists() else []
             if any((json.loads(x).get("pts") or 0) >= until_pts for x in lines[-3:]):
                 break
             time.sleep(0.1)
