@@ -14,6 +14,8 @@
 #   tools/gpu_session.sh overload N...     # live rows at N streams (no spare), 40 s warm-up each: the ramp's
 #                                           # plateau is the capacity; a row >= 1.3x it is past capacity; and
 #                                           # the torch engine's GPU test (~6 min for 3 rows)
+#   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
+#                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames), tests/gpu and
 #                                           # tests/engines/gpu (~5 min)
 #
@@ -100,6 +102,15 @@ case "${1:-}" in
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
+    decoders)
+        install
+        for shape in "8 48" "16 24" "1 64"; do
+            set -- $shape
+            echo "== $1 processes x $2 decoders" | tee -a "$OUT/decoders.txt"
+            timeout 150 python3 tools/nvdec_sessions.py "$CLIP" --processes "$1" --decoders "$2" 2>&1 | tail -1 \
+                | tee -a "$OUT/decoders.txt"
+        done
+        ;;
     rest)
         install
         work=/tmp/gs-rest; mkdir -p "$work"
@@ -109,5 +120,5 @@ case "${1:-}" in
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | rest" >&2; exit 2 ;;
+    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | rest" >&2; exit 2 ;;
 esac
