@@ -8,7 +8,9 @@ their own rate when ``realtime``. Live streams reconnect after any failure: a re
 error, a server that closed the stream, or a stall (no packet or no decoded frame for ``stall_timeout_s``),
 waiting with exponential backoff (jitter, capped at ``reconnect_max_s``); after a failure up to
 ``reconnect_attempts`` reopens are tried before the stream is given up (0 = never give up). Errors are
-counted and logged with the redacted URL, never raised into other streams. Every blocking call is bounded
+counted and logged with the redacted URL, never raised into other streams. A stream that gets no hardware
+decoder (the GPU holds no more: ``DecoderFull``) waits with backoff (state ``no_decoder``) and opens again —
+a file from its beginning, as after a worker restart. Every blocking call is bounded
 (open/read timeouts, queue waits that watch ``stop``), so ``stop`` is honoured within about a second plus
 the open/read timeouts.
 
