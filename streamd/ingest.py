@@ -84,10 +84,6 @@ class _Stall(SourceError):
     """No packet or no decoded frame for stall_timeout_s on a live stream."""
 
 
-class _NoDecoder(Exception):
-    """The GPU had no room for this stream's hardware decoder (``DecoderFull``): wait and try again."""
-
-
 class StreamWorker:
     """Reads one configured stream on its own thread and puts decoded frames into ``out``.
 
@@ -315,9 +311,9 @@ class StreamWorker:
                 skipped = decoder.skipped
                 try:
                     pictures = decoder.decode(packet)
-                except DecoderFull as exc:
+                except DecoderFull as exc:  # not a bad packet: handled below, the session ends
                     self._emit(exc.pictures, 0.0, pacer)  # decoded before the new session failed
-                    raise _NoDecoder(str(exc)) from None
+                    raise
                 except DecodeError as exc:
                     self.stats.decode_errors += 1
                     log.warning("stream %s: undecodable packet skipped (%s)", cfg.id, exc)
@@ -340,7 +336,7 @@ class StreamWorker:
                     return "stopped"
             if not cfg.is_live:
                 backoff.success()
-        except _NoDecoder as exc:  # the decoder is given up (it holds nothing usable), not flushed
+        except DecoderFull as exc:  # the decoder is given up (it holds nothing usable), not flushed
             reason = self._no_decoder = str(exc)
             self._count_dropped(decoder)
             self._decoder = None
