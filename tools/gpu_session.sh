@@ -13,7 +13,8 @@
 #                                           # at 256 streams, then live streams offered 1.3x the higher (~6 min)
 #   tools/gpu_session.sh overload N...     # live rows at N streams (no spare), 40 s warm-up each: the ramp's
 #                                           # plateau is the capacity; a row >= 1.3x it is past capacity; and
-#                                           # the torch engine's GPU test (~6 min for 3 rows)
+#                                           # the torch engine's GPU test (~6 min for 3 rows); WARMUP=s
+#                                           # overrides the 40 s warm-up
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames), tests/gpu and
@@ -97,7 +98,7 @@ case "${1:-}" in
         install; shift
         work=/tmp/gs-overload; mkdir -p "$work"
         OUT="$work" TEST_DIRS="tests/engines/gpu/test_torch_engine_gpu.py" BENCHES="bench/bench_live.py --clip $CLIP \
---out \$OUT --ceiling-threads 0 --ceiling-processes 0 --warmup 40 --streams --overload ${*:-200 260 320}" \
+--out \$OUT --ceiling-threads 0 --ceiling-processes 0 --warmup ${WARMUP:-40} --streams --overload ${*:-200 260 320}" \
             STEP_TIMEOUT=540 WHEEL_DIR=/nonexistent tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
