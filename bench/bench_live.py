@@ -230,6 +230,7 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
         "delivered_fps": round(len(inside) / seconds, 1),
         "min_1s_fps": int(per_second.min()) if per_second.size else 0,
         "max_1s_fps": int(per_second.max()) if per_second.size else 0,
+        "per_second_fps": per_second.tolist(),
         "drops_in_window": gaps,
         "p50_ms": round(float(np.percentile(lat, 50)), 2),
         "p99_ms": round(float(np.percentile(lat, 99)), 2),
@@ -334,6 +335,8 @@ def live_run(
     finally:
         row["exit"] = d.stop()
         row["warnings"] = warnings(d.log)
+        name = f"daemon-{n}{'-kill' if kill_worker else ''}.log"  # the whole log, for logs.tgz
+        (args.out / name).write_text("".join(d.log))
         summary = [line.strip() for line in d.log if "streamd: done" in line]
         row["summary"] = summary[-1] if summary else "".join(d.log)[-600:]
     return row
@@ -526,10 +529,13 @@ def _device_frames(stages, images: list[np.ndarray]) -> tuple[list, list[_HeldLe
     return buffers, leases
 
 
-def pipelined_vs_serialized(batches: list[int], frames_total: int, frames: str = "host") -> list[dict]:
-    """Same frames, same engine: ring_slots 4 (batches in different stages at once) vs 1 (serial). ``frames``
-    "host": BGR arrays as the CPU decoder gives them (packed and uploaded by S1); "device": NV12 pictures
-    already in device memory, as NVDEC gives them (S1 only launches the preprocess kernel)."""
+def pipelined_vs_serialized(
+    batches: list[int], frames_total: int, frames: str = "host", lanes: tuple[int, ...] = (2,)
+) -> list[dict]:
+    """Same frames, same engine: ring_slots 4 (batches in different stages at once; with ``engine.lanes``
+    2 also two in inference) vs 1 (serial: one batch at a time, so one lane). ``frames`` "host": BGR arrays
+    as the CPU decoder gives them (packed and uploaded by S1); "device": NV12 pictures already in device
+    memory, as NVDEC gives them (S1 only launches the preprocess kernel)."""
     import cv2
 
     from streamd.config import parse_config
@@ -547,18 +553,18 @@ def pipelined_vs_serialized(batches: list[int], frames_total: int, frames: str =
         images.append(img)
     h, w = images[0].shape[:2]
     rows = []
-    for batch in batches:
+    for batch, lane_count in ((b, n) for b in batches for n in lanes):
         raw = {
             "streams": [{"id": "s", "url": str(DEMO_CLIP)}],
             "model": {"path": str(MODEL)},
-            "engine": {"type": "torch", "precision": "fp16", "max_batch": 64},
+            "engine": {"type": "torch", "precision": "fp16", "max_batch": 64, "lanes": lane_count},
             "pipeline": {"batch_size": batch, "decoder": "cpu"},
         }
         config = parse_config(raw, ROOT)
         stages = build_stages(config)
         held: list = []
         try:
-            result: dict = {"batch": batch, "frames": frames}
+            result: dict = {"batch": batch, "frames": frames, "lanes": lane_count}
             leases: list = []
             if frames == "device":
                 held, leases = _device_frames(stages, images)
@@ -663,6 +669,7 @@ def main() -> int:
         choices=["host", "device"],
         help="host: BGR arrays (the CPU decoder's); device: NV12 in device memory (NVDEC's)",
     )
+    ap.add_argument("--pipelined-lanes", type=int, nargs="*", default=[2], help="engine.lanes per row (1 2)")
     ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
     ap.add_argument("--soak", type=float, default=0.0, help="seconds of one soak run at --streams[0]")
     ap.add_argument(
@@ -757,7 +764,9 @@ def main() -> int:
                 results["pipelined"] = []
                 for kind in args.pipelined_frames:  # one kind failing must not lose the other's rows
                     try:
-                        results["pipelined"] += pipelined_vs_serialized(args.pipelined, 3000, kind)
+                        results["pipelined"] += pipelined_vs_serialized(
+                            args.pipelined, 3000, kind, tuple(args.pipelined_lanes)
+                        )
                     except Exception as exc:
                         print(f"pipelined ({kind} frames) failed: {exc!r}", flush=True)
                 print(json.dumps(results["pipelined"]), flush=True)
@@ -813,17 +822,19 @@ def markdown(r: dict) -> str:
     if "pipelined" in r:
         lines += [
             "",
-            "| frames | batch | ring_slots 4 fps | ring_slots 1 fps | ratio |",
-            "|---|---:|---:|---:|---:|",
+            "| frames | batch | engine lanes | ring_slots 4 fps | ring_slots 1 fps | ratio |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for x in r["pipelined"]:
-            row = (x.get("frames", "host"), x["batch"], x["fps_slots4"], x["fps_slots1"], x["ratio"])
+            row = (x.get("frames", "host"), x["batch"], x.get("lanes", 1), x["fps_slots4"], x["fps_slots1"])
+            row += (x["ratio"],)
             lines.append("| " + " | ".join(map(str, row)) + " |")
         for x in r["pipelined"]:
             for slots in (4, 1):
                 host, gpu = x.get(f"host_ms_slots{slots}"), x.get(f"gpu_ms_slots{slots}")
                 lines.append(
-                    f"{x.get('frames', 'host')} frames, batch {x['batch']} ring_slots {slots}: host ms/batch "
+                    f"{x.get('frames', 'host')} frames, batch {x['batch']}, lanes {x.get('lanes', 1)}, "
+                    f"ring_slots {slots}: host ms/batch "
                     f"{host}, GPU ms {gpu}, host wait ms {x.get(f'host_wait_ms_slots{slots}')}"
                 )
     if "soak" in r:

@@ -61,8 +61,7 @@ class Record(NamedTuple):
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a stream continues after its worker was restarted: the next frame index, the last pts written
-    and the wall time of that frame (so the pts jump shows the real outage)."""
+    """Where a restarted worker's stream continues: next frame index, last pts and its wall time."""
 
     index: int
     pts: float | None
@@ -100,6 +99,7 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
             device=device,
             cache_dir=e.cache_dir,
             cuda_graphs=e.cuda_graphs,
+            lanes=e.lanes,
             verify=VerifyPlan.from_config(config),
         )
     except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable

@@ -17,8 +17,9 @@
 #                                           # overrides the 40 s warm-up
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
-#   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames), tests/gpu and
-#                                           # tests/engines/gpu (~5 min)
+#   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
+#                                           # 2), tests/gpu, tests/engines/gpu and tests/pipeline/gpu
+#                                           # (TEST_DIRS replaces them) (~6 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -115,9 +116,9 @@ case "${1:-}" in
     rest)
         install
         work=/tmp/gs-rest; mkdir -p "$work"
-        OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="tests/gpu tests/engines/gpu" BENCHES="bench/bench_live.py \
---clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams --pipelined 1 32 \
---pipelined-frames device host" STEP_TIMEOUT=240 tools/gpu_run.sh
+        OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="${TEST_DIRS:-tests/gpu tests/engines/gpu tests/pipeline/gpu}" \
+BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams \
+--pipelined 1 8 32 --pipelined-frames device host --pipelined-lanes 1 2" STEP_TIMEOUT=240 tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;

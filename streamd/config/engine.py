@@ -26,6 +26,13 @@ class EngineConfig:
         "where built engines (TensorRT plans) are cached; ~ expanded, relative to the config file",
     )
     cuda_graphs: bool = opt(True, "run inference through captured CUDA graphs (GPU engines)")
+    lanes: int = opt(
+        2,
+        "batches a GPU engine runs at once, each on its own CUDA stream with its own scratch memory "
+        "(torch: a CUDA graph pool; TensorRT: an execution context); 1 = one after another",
+        ge=1,
+        le=4,
+    )
     threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
     verify: bool = opt(
         True,

@@ -12,8 +12,13 @@ Run (``enqueue``): the caller's device pointers are wrapped as tensors (``__cuda
 copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream (a
 ``streamd.gpu.cuda.Stream``: its ``handle``) and writes the output
 in place. With ``cuda_graphs`` the first call for a (batch, input, output) triple runs eagerly (also cuDNN's
-autotuning warm-up) and captures the same call; later calls replay the graph. All graphs share one memory
-pool, which is safe because the engine orders its calls with one event (they never overlap on the GPU).
+autotuning warm-up) and captures the same call; later calls replay the graph.
+
+Lanes (``lanes``, default 1): each CUDA stream the engine is called on is given a lane, round robin; a lane
+has its own graphs, its own graph memory pool and its own ordering event, so calls on different lanes run on
+the GPU at once (the weights are shared: they are only read), while calls in one lane never overlap, which
+is what makes its graphs' shared pool safe. Two batches in the engine at once is what lifts a pipeline
+bound by inference: a batch-32 NanoDet call leaves much of an H200 idle (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -201,10 +207,21 @@ class _CudaArray:
         }
 
 
+@dataclass(slots=True)
+class _Lane:
+    """What calls on one lane share: their graphs and graph pool, and the event that orders them."""
+
+    done: Any  # torch.cuda.Event recorded after each call
+    pool: Any  # torch.cuda.graph_pool_handle()
+    graphs: GraphCache[Any] = field(default_factory=GraphCache)  # torch frees a dropped graph
+    last_stream: int | None = None
+
+
 class TorchEngine:
-    """Options beyond ``create_engine``'s: ``channels_last`` (default True), ``cudnn_benchmark`` (default
-    True, process-wide), ``tf32`` (default True: FP32 convolutions may use TF32, as TensorRT does),
-    ``device`` may be ``"cpu"`` (a host engine, for tests)."""
+    """Options beyond ``create_engine``'s: ``lanes`` (default 1: calls in flight on the GPU at once, see the
+    module docstring), ``channels_last`` (default True), ``cudnn_benchmark`` (default True, process-wide),
+    ``tf32`` (default True: FP32 convolutions may use TF32, as TensorRT does), ``device`` may be ``"cpu"``
+    (a host engine, for tests)."""
 
     def __init__(
         self,
@@ -215,6 +232,7 @@ class TorchEngine:
         threads: int = 0,
         device: int | str = 0,
         cuda_graphs: bool = True,
+        lanes: int = 1,
         channels_last: bool = True,
         cudnn_benchmark: bool = True,
         tf32: bool = True,
@@ -263,14 +281,14 @@ class TorchEngine:
             out = self._forward(probe.to(self.device))
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
         self._lock = threading.Lock()
-        self._graphs: GraphCache[Any] = GraphCache()  # torch frees a dropped graph; failures per batch size
+        self.lanes = max(1, int(lanes)) if self.on_device else 1
+        self._lanes: list[_Lane] = []
+        for _ in range(self.lanes if self.on_device else 0):
+            self._lanes.append(_Lane(torch.cuda.Event(), torch.cuda.graph_pool_handle()))
+        self._lane_of: dict[int, _Lane] = {}  # stream handle -> its lane, given round robin
         self._streams: dict[int, Any] = {}
         self._views: dict[tuple[int, tuple[int, ...]], Any] = {}
-        self._last_stream: int | None = None
         self._staging: tuple[Any, Any, Any] | None = None
-        if self.on_device:
-            self._done = torch.cuda.Event()
-            self._pool = torch.cuda.graph_pool_handle()
         self._closed = False
 
     # -- compute ---------------------------------------------------------------------------------------------
@@ -313,20 +331,23 @@ class TorchEngine:
         handle = stream.handle
         with self._lock:
             ext = self._stream(handle)
+            lane = self._lane_of.get(handle)
+            if lane is None:
+                lane = self._lane_of[handle] = self._lanes[len(self._lane_of) % self.lanes]
             with torch.cuda.device(self.device), torch.cuda.stream(ext):
-                if self._last_stream is not None and self._last_stream != handle:
-                    ext.wait_event(self._done)
-                graph = self._graphs.get(key)
+                if lane.last_stream is not None and lane.last_stream != handle:
+                    ext.wait_event(lane.done)  # the lane's previous call, on another stream, used its pool
+                graph = lane.graphs.get(key)
                 if graph is not None:
                     graph.replay()
                 else:
                     x = self._view(input_ptr, (batch, *self.input_shape), self.input_dtype)
                     y = self._view(output_ptr, (batch, *self.output_shape[1:]), self.output_dtype)
                     self._run(x, y)  # the result of this call, and the warm-up before capture
-                    if self.cuda_graphs and not self._graphs.failed(batch):
-                        self._capture(key, x, y)
-                self._done.record(ext)
-            self._last_stream = handle
+                    if self.cuda_graphs and not lane.graphs.failed(batch):
+                        self._capture(lane, key, x, y)
+                lane.done.record(ext)
+            lane.last_stream = handle
 
     def _check_batch(self, batch: int) -> None:
         if self.batch_fixed is not None and batch != self.batch_fixed:
@@ -334,19 +355,19 @@ class TorchEngine:
         if not 1 <= batch <= self.max_batch:
             raise EngineError(f"torch engine: batch {batch} outside 1..{self.max_batch}")
 
-    def _capture(self, key: tuple[int, int, int], x: Any, y: Any) -> None:
+    def _capture(self, lane: _Lane, key: tuple[int, int, int], x: Any, y: Any) -> None:
         torch = self._torch
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=lane.pool, capture_error_mode="thread_local"):
                 self._run(x, y)
         except Exception as exc:  # torch raises RuntimeError for ops that cannot be captured
             log.warning(
                 "torch engine: CUDA graph capture failed for batch %d (%s); running eagerly", key[0], exc
             )
-            self._graphs.fail(key[0])
+            lane.graphs.fail(key[0])
             return
-        self._graphs.add(key, graph)
+        lane.graphs.add(key, graph)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Host arrays in and out. On the GPU: staged through max-batch device buffers and ``enqueue`` on a
@@ -378,7 +399,10 @@ class TorchEngine:
         if self._closed:
             return
         self._closed = True
-        self._graphs.clear()
+        for lane in self._lanes:
+            lane.graphs.clear()
+        self._lanes.clear()
+        self._lane_of.clear()
         self._views.clear()
         self._streams.clear()
         self._staging = None

@@ -8,9 +8,12 @@ and events E0..E3. For each batch the scheduler's stage threads only *enqueue*:
     S3: wait E2, decode + NMS kernels, one D2H copy of counts + [B, max_det, 6] into pinned memory, E3
     host (collect thread): E3.synchronize() (a blocking-sync event: the thread sleeps, no spin)
 
-so while batch n is in NMS, n+1 is in the engine and n+2 in preprocess. A slot is reused only after the host
-read its results. Decoder surfaces go back to their pool as soon as the preprocess kernel (their last reader)
-is enqueued: ``release(S1)`` makes the decoder's stream wait for it, so nothing blocks on the host.
+so while batch n is in NMS, n+1 is in the engine and n+2 in preprocess. An engine with ``lanes`` > 1 (two
+batches in inference at once, each with its own scratch) gets one S2 stream per lane; slot k always uses
+lane k % lanes, so its graphs are captured once, and consecutive batches (consecutive slots) alternate lanes.
+A slot is reused only after the host read its results. Decoder surfaces go back to their pool as soon as
+the preprocess kernel (their last reader) is enqueued: ``release(S1)`` makes the decoder's stream wait for
+it, so nothing blocks on the host.
 Frames decoded on the CPU (``Frame.image``) are packed into the slot's pinned host buffer (memcpys, in a few
 threads for a large batch: numpy releases the GIL) and uploaded in one asynchronous copy on S1, then take the
 packed-BGR path of the same kernel. Copying each frame from pageable memory instead had the driver stage it
@@ -52,6 +55,7 @@ class _GpuBuffers:
     results: NmsResults
     host: HostNmsResults
     events: tuple[Event, Event, Event, Event]  # E0 (start), E1, E2, E3; timing events for per-stage times
+    s2: Stream  # the engine lane's stream this slot's inference runs on
     staging: DeviceBuffer | None = None  # packed BGR uploads of CPU-decoded frames (device side)
     pinned: PinnedBuffer | None = None  # ... and their host side; reused once the slot's batch is collected
 
@@ -69,11 +73,9 @@ class GpuStages:
         self.loader = KernelLoader(self.ctx)
         lo, hi = self.ctx.priority_range()
         # Later stages get higher priority so finished work drains before new work is admitted.
-        self.s1, self.s2, self.s3 = (
-            Stream(self.ctx, lo),
-            Stream(self.ctx, (lo + hi) // 2),
-            Stream(self.ctx, hi),
-        )
+        self.s1, self.s3 = Stream(self.ctx, lo), Stream(self.ctx, hi)
+        lanes = max(1, int(getattr(engine, "lanes", 1)))  # an engine without lanes runs one call at a time
+        self.s2_lanes = [Stream(self.ctx, (lo + hi) // 2) for _ in range(lanes)]
         in_dtype = np.dtype(engine.input_dtype)
         out_dtype = np.dtype(engine.output_dtype)
         self.max_batch = engine.max_batch
@@ -114,14 +116,16 @@ class GpuStages:
             self.post.new_results(),
             self.post.new_host_results(),
             events,
+            self.s2_lanes[index % len(self.s2_lanes)],
         )
         self._buffers.append(buffers)
         if self._warm:
             self.ctx.activate()
-            buffers.input.fill_u8(0, self.s2)
+            s2 = buffers.s2
+            buffers.input.fill_u8(0, s2)
             for size in self._buckets:
-                self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, self.s2)
-            self.s2.synchronize()
+                self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, s2)
+            s2.synchronize()
         return Slot(index, buffers=buffers)
 
     def _staging(self, buf: _GpuBuffers, nbytes: int) -> tuple[DeviceBuffer, PinnedBuffer]:
@@ -187,11 +191,11 @@ class GpuStages:
     def infer(self, slot: Slot) -> None:
         self.ctx.activate()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
-        self.s2.wait(buf.events[1])
+        buf.s2.wait(buf.events[1])
         n = len(slot.frames)
         size = next((b for b in self._buckets if b >= n), n)
-        self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, self.s2)
-        buf.events[2].record(self.s2)
+        self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, buf.s2)
+        buf.events[2].record(buf.s2)
 
     def postprocess(self, slot: Slot) -> None:
         self.ctx.activate()
@@ -217,7 +221,8 @@ class GpuStages:
     def close(self) -> None:
         if self._packers is not None:
             self._packers.shutdown()
-        for s in (self.s1, self.s2, self.s3):
+        streams = (self.s1, *self.s2_lanes, self.s3)
+        for s in streams:
             s.synchronize()
         for buf in self._buffers:
             for owned in (buf.input, buf.output, buf.results, buf.host, buf.staging, buf.pinned, *buf.events):
@@ -227,7 +232,7 @@ class GpuStages:
         self.pre.close()
         self.post.close()
         self.engine.close()
-        for s in (self.s1, self.s2, self.s3):
+        for s in streams:
             s.close()
         self.loader.close()
         self.ctx.close()

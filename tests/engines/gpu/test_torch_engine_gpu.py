@@ -255,3 +255,40 @@ def test_calls_from_two_streams_are_ordered(frames):
         engine.enqueue(x.data_ptr(), y2.data_ptr(), 8, Stream.borrow(s2.cuda_stream))
     torch.cuda.synchronize()
     torch.testing.assert_close(y1, y2)
+
+
+def test_lanes_run_two_calls_at_once_with_the_same_results(frames):
+    """lanes 2: a call on a second stream does not wait behind the first lane's work (lanes 1 would order
+    it after), and both lanes give what one lane gives on the same rows."""
+    from streamd.engines.torch import TorchEngine
+
+    one = TorchEngine(MODEL, max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=1)
+    two = TorchEngine(MODEL, max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=2)
+    assert (one.lanes, two.lanes) == (1, 2)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    x1, x2 = torch.from_numpy(frames[:16]).cuda(), torch.from_numpy(frames[16:32]).cuda()
+    want1, want2 = (torch.empty((16, 84, 3549), device="cuda") for _ in range(2))
+    got1, got2 = torch.empty_like(want1), torch.empty_like(want2)
+    for _ in range(3):  # capture, then replay; both lanes busy at once
+        one.enqueue(x1.data_ptr(), want1.data_ptr(), 16, Stream.borrow(s1.cuda_stream))
+        one.enqueue(x2.data_ptr(), want2.data_ptr(), 16, Stream.borrow(s2.cuda_stream))
+        two.enqueue(x1.data_ptr(), got1.data_ptr(), 16, Stream.borrow(s1.cuda_stream))
+        two.enqueue(x2.data_ptr(), got2.data_ptr(), 16, Stream.borrow(s2.cuda_stream))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got1, want1, atol=1e-2, rtol=1e-3)
+    torch.testing.assert_close(got2, want2, atol=1e-2, rtol=1e-3)
+
+    def second_waits_for_first(engine) -> bool:
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time ahead of the first lane's call
+        engine.enqueue(x1.data_ptr(), got1.data_ptr(), 16, Stream.borrow(s1.cuda_stream))
+        engine.enqueue(x2.data_ptr(), got2.data_ptr(), 16, Stream.borrow(s2.cuda_stream))
+        s2.synchronize()
+        waited = s1.query()  # s2's call finished: had it waited, s1's sleep is over too
+        torch.cuda.synchronize()
+        return waited
+
+    assert second_waits_for_first(one)
+    assert not second_waits_for_first(two)
+    one.close()
+    two.close()
