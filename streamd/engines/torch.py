@@ -283,7 +283,7 @@ class TorchEngine:
         self._lock = threading.Lock()
         self.lanes = max(1, int(lanes)) if self.on_device else 1
         self._lanes: list[_Lane] = []
-        for _ in range(self.lanes if self.on_device else 0):
+        for _lane in range(self.lanes if self.on_device else 0):
             self._lanes.append(_Lane(torch.cuda.Event(), torch.cuda.graph_pool_handle()))
         self._lane_of: dict[int, _Lane] = {}  # stream handle -> its lane, given round robin
         self._streams: dict[int, Any] = {}
