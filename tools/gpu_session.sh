@@ -19,7 +19,7 @@
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
 #                                           # 2), tests/gpu, tests/engines/gpu and tests/pipeline/gpu
-#                                           # (TEST_DIRS replaces them) (~6 min)
+#                                           # (TEST_DIRS, PIPELINED="1 8 32" replace them) (~7 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -118,7 +118,8 @@ case "${1:-}" in
         work=/tmp/gs-rest; mkdir -p "$work"
         OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="${TEST_DIRS:-tests/gpu tests/engines/gpu tests/pipeline/gpu}" \
 BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams \
---pipelined 1 8 32 --pipelined-frames device host --pipelined-lanes 1 2" STEP_TIMEOUT=240 tools/gpu_run.sh
+--pipelined ${PIPELINED:-1 32} --pipelined-frames device host --pipelined-lanes 1 2" STEP_TIMEOUT=${STEP_TIMEOUT:-300} \
+            tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
