@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = measure(engine, torch, frames, y, batch, stream, args.seconds)
                 r.update(precision=precision, graphs=graphs, variant=label, load_s=round(load_s, 1))
                 if graphs:
-                    r["graph_captured"] = any(k[0] == batch for k in engine._graphs)
+                    keys = [k for lane in engine._lanes for k in lane.graphs._graphs]
+                    r["graph_captured"] = any(k[0] == batch for k in keys)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
         engine.close()

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Where the torch engine's time goes at one batch size (a diagnostic, not a benchmark of record).
+
+    PYTHONPATH=<wheels>:. python tools/engine_probe.py [--batch 32] [--compile]
+
+Prints: GPU ms per call back to back (graphs on, as the pipeline runs it), the top CUDA kernels of a few
+eager calls (torch.profiler), and with ``--compile`` the same module through ``torch.compile`` (if Triton
+is there), to see how far the converted model is from what the GPU can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def per_call_ms(run, stream, torch, calls: int = 200) -> float:
+    for _ in range(5):
+        run()
+    stream.synchronize()
+    pairs = []
+    for _ in range(calls):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        run()
+        b.record(stream)
+        pairs.append((a, b))
+    stream.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in pairs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    from bench_engines import MODEL, real_frames
+    from streamd.engines.torch import TorchEngine
+    from streamd.gpu.cuda import Stream
+
+    b = args.batch
+    x = torch.from_numpy(real_frames(b)).cuda()
+    stream = torch.cuda.Stream()
+    handle = Stream.borrow(stream.cuda_stream)
+    engine = TorchEngine(MODEL, max_batch=b, precision="fp16", device=0, cuda_graphs=True)
+    y = torch.empty((b, *engine.output_shape[1:]), device="cuda")
+    ms = per_call_ms(lambda: engine.enqueue(x.data_ptr(), y.data_ptr(), b, handle), stream, torch)
+    print(f"graphs, batch {b}: {ms:.3f} ms/call = {b / ms * 1e3:,.0f} img/s", flush=True)
+    xh = x.half().contiguous(memory_format=torch.channels_last)
+    with torch.cuda.stream(stream), torch.inference_mode():
+        ms_h = per_call_ms(lambda: engine.module(xh), stream, torch, 100)
+        ms_e = per_call_ms(lambda: engine._run(x, y), stream, torch, 100)
+    print(f"eager, batch {b}: {ms_e:.3f} ms/call (fp32 in + cast + copy out); fp16 channels-last in: {ms_h:.3f}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.cuda.stream(stream), torch.inference_mode():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                engine._run(x, y)
+            stream.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    if args.compile:
+        try:
+            t = time.perf_counter()
+            compiled = torch.compile(engine.module, dynamic=False)
+            with torch.cuda.stream(stream), torch.inference_mode():
+                compiled(xh)
+                stream.synchronize()
+                took = time.perf_counter() - t
+                ms_c = per_call_ms(lambda: compiled(xh), stream, torch, 100)
+            print(f"torch.compile: {took:.0f} s to compile, {ms_c:.3f} ms/call = {b / ms_c * 1e3:,.0f} img/s")
+        except Exception as exc:  # no Triton, or the converted graph does not compile
+            print(f"torch.compile failed: {type(exc).__name__}: {str(exc)[:400]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
