@@ -42,8 +42,8 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
     import torch
-
     from bench_engines import MODEL, real_frames
+
     from streamd.engines.torch import TorchEngine
     from streamd.gpu.cuda import Stream
 
@@ -59,14 +59,13 @@ def main() -> int:
     with torch.cuda.stream(stream), torch.inference_mode():
         ms_h = per_call_ms(lambda: engine.module(xh), stream, torch, 100)
         ms_e = per_call_ms(lambda: engine._run(x, y), stream, torch, 100)
-    print(f"eager, batch {b}: {ms_e:.3f} ms/call (fp32 in + cast + copy out); fp16 channels-last in: {ms_h:.3f}")
+    print(f"eager, batch {b}: {ms_e:.3f} ms/call (fp32 in, cast, copy out); fp16 channels-last in: {ms_h:.3f}")
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.cuda.stream(stream), torch.inference_mode():
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                engine._run(x, y)
-            stream.synchronize()
+    with torch.cuda.stream(stream), torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            engine._run(x, y)
+        stream.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
     if args.compile:
         try:
