@@ -59,10 +59,11 @@ def main() -> int:
     with torch.cuda.stream(stream), torch.inference_mode():
         ms_h = per_call_ms(lambda: engine.module(xh), stream, torch, 100)
         ms_e = per_call_ms(lambda: engine._run(x, y), stream, torch, 100)
-    print(f"eager, batch {b}: {ms_e:.3f} ms/call (fp32 in, cast, copy out); fp16 channels-last in: {ms_h:.3f}")
+    print(f"eager, batch {b}: {ms_e:.3f} ms/call (fp32 in, cast, copy out); fp16 NHWC in: {ms_h:.3f}")
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.cuda.stream(stream), torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    cuda = [ProfilerActivity.CUDA]
+    with torch.cuda.stream(stream), torch.inference_mode(), profile(activities=cuda) as prof:
         for _ in range(10):
             engine._run(x, y)
         stream.synchronize()
