@@ -36,6 +36,48 @@ def per_call_ms(run, stream, torch, calls: int = 200) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in pairs)
 
 
+def max_pool_variants(engine, x, stream, torch) -> None:
+    """The model's MaxPool on its real input: channels-last (as run), NCHW, and a max of strided slices."""
+    seen = []
+    pools = [m for m in engine.module.modules() if isinstance(m, torch.nn.MaxPool2d)]
+    if not pools:
+        return
+    hook = pools[0].register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    with torch.cuda.stream(stream), torch.inference_mode():
+        engine._forward(x)
+    hook.remove()
+    pool, a = pools[0], seen[0]
+    k, st = pool.kernel_size, pool.stride
+    nhwc = a.is_contiguous(memory_format=torch.channels_last)
+    print(f"MaxPool {pool}: input {tuple(a.shape)} {a.dtype} channels_last={nhwc}")
+    f = torch.nn.functional
+
+    def strided():
+        kh, kw = (k, k) if isinstance(k, int) else k
+        sh, sw = (st, st) if isinstance(st, int) else st
+        h = (a.shape[2] - kh) // sh + 1
+        w = (a.shape[3] - kw) // sw + 1
+        out = a[:, :, 0 : sh * (h - 1) + 1 : sh, 0 : sw * (w - 1) + 1 : sw]
+        for i in range(kh):
+            for j in range(kw):
+                if i or j:
+                    out = torch.maximum(
+                        out, a[:, :, i : i + sh * (h - 1) + 1 : sh, j : j + sw * (w - 1) + 1 : sw]
+                    )
+        return out
+
+    with torch.cuda.stream(stream), torch.inference_mode():
+        want = pool(a)
+        assert torch.equal(strided(), want)
+        rows = {
+            "as run": lambda: pool(a),
+            "NCHW": lambda: f.max_pool2d(a.contiguous(), k, st).contiguous(memory_format=torch.channels_last),
+            "strided max": strided,
+        }
+        for name, fn in rows.items():
+            print(f"  maxpool {name}: {per_call_ms(fn, stream, torch, 100):.3f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=32)
@@ -67,7 +109,23 @@ def main() -> int:
         for _ in range(10):
             engine._run(x, y)
         stream.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=70))
+    cpu_cuda = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with (
+        torch.cuda.stream(stream),
+        torch.inference_mode(),
+        profile(activities=cpu_cuda, record_shapes=True) as p2,
+    ):
+        for _ in range(10):
+            engine._run(x, y)
+        stream.synchronize()
+    ops = p2.key_averages(group_by_input_shape=True)
+    print(
+        ops.table(
+            sort_by="cuda_time_total", row_limit=30, max_name_column_width=40, max_shapes_column_width=70
+        )
+    )
+    max_pool_variants(engine, x, stream, torch)
     if args.compile:
         try:
             t = time.perf_counter()

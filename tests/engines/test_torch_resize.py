@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from streamd.engines.torch_ops import axis_table
+from streamd.engines.torch_resize import axis_table
 
 
 def resize_model(path, scales=(1, 1, 2, 2), mode="linear", coord="asymmetric", shape=(1, 8, 13, 17)):
@@ -71,3 +71,43 @@ def test_axis_table_asymmetric_upsample():
     # x = i / 2: 0, .5, 1, 1.5, 2, 2.5 -> the last ones clamp to the edge
     assert idx.tolist() == [[0, 1], [0, 1], [1, 2], [1, 2], [2, 2], [2, 2]]
     assert np.allclose(w[:, 1], [0, 0.5, 0, 0.5, 0, 0.5]) and not outside.any()
+
+
+@pytest.mark.parametrize(
+    ("mode", "coord", "scales", "fast"),
+    [
+        ("linear", "half_pixel", (1, 1, 2, 2), True),  # NanoDet's upsampling
+        ("linear", "half_pixel", (1, 1, 0.5, 0.5), True),  # ... and downsampling
+        ("linear", "half_pixel", (1, 1, 3, 1.5), True),
+        ("linear", "half_pixel", (1, 1, 0.6, 1.7), True),
+        ("linear", "align_corners", (1, 1, 2, 3), True),
+        ("nearest", "asymmetric", (1, 1, 2, 4), True),  # YOLO's Upsample (nearest_mode floor, below)
+        ("nearest", "asymmetric", (1, 1, 3, 3), False),  # 1/3 is not exact in float: the gathers
+        ("linear", "asymmetric", (1, 1, 2, 2), False),
+        ("nearest", "asymmetric", (1, 2, 2, 2), False),  # a channel axis resized
+    ],
+)
+def test_resizes_f_interpolate_computes_itself_match_onnxruntime(
+    torch_ready, tmp_path, mode, coord, scales, fast
+):
+    """The F.interpolate shortcut is taken exactly where it computes the ONNX formula, and matches ORT."""
+    import torch
+
+    from streamd.engines.torch import convert_model
+
+    path = resize_model(tmp_path / "r.onnx", scales, mode=mode, coord=coord)
+    if mode == "nearest":  # resize_model leaves nearest_mode at its default (round_prefer_floor)
+        from onnx import load
+
+        model = load(str(path))
+        model.graph.node[0].attribute.append(helper.make_attribute("nearest_mode", "floor"))
+        path.write_bytes(model.SerializeToString())
+    x = np.random.default_rng(1).standard_normal((1, 8, 13, 17)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    module, _, _ = convert_model(path, max_batch=1)
+    resize = next(m for m in module.modules() if type(m).__name__ == "ExactResize")
+    taken = resize._interpolate(torch.from_numpy(x), [float(s) for s in scales], None) is not None
+    assert taken == fast
+    with torch.inference_mode():
+        got = module(torch.from_numpy(x)).numpy()
+    assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-5
