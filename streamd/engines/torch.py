@@ -219,9 +219,9 @@ class _Lane:
 
 class TorchEngine:
     """Options beyond ``create_engine``'s: ``lanes`` (default 1: calls in flight on the GPU at once, see the
-    module docstring), ``channels_last`` (default True), ``cudnn_benchmark`` (default True, process-wide),
-    ``tf32`` (default True: FP32 convolutions may use TF32, as TensorRT does), ``device`` may be ``"cpu"``
-    (a host engine, for tests)."""
+    module docstring), ``compile`` (default False: ``streamd.engines.torch_compile``), ``channels_last``
+    (default True), ``cudnn_benchmark`` (default True, process-wide), ``tf32`` (default True: FP32
+    convolutions may use TF32, as TensorRT does), ``device`` may be ``"cpu"`` (a host engine, for tests)."""
 
     def __init__(
         self,
@@ -233,6 +233,7 @@ class TorchEngine:
         device: int | str = 0,
         cuda_graphs: bool = True,
         lanes: int = 1,
+        compile: bool = False,
         channels_last: bool = True,
         cudnn_benchmark: bool = True,
         tf32: bool = True,
@@ -280,6 +281,11 @@ class TorchEngine:
             self.module = place(fresh, self.device, self.half, self.channels_last, host_constants=False)
             out = self._forward(probe.to(self.device))
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
+        if compile and self.on_device:
+            from streamd.engines.torch_compile import compile_module
+
+            self.module = compile_module(self.module)
+            self.steps = (*self.steps, "torch.compile")
         self._lock = threading.Lock()
         self.lanes = max(1, int(lanes)) if self.on_device else 1
         self._lanes: list[_Lane] = []

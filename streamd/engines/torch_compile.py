@@ -1,0 +1,61 @@
+"""``engine.compile``: the converted model through ``torch.compile`` (Inductor, Triton kernels on the GPU).
+
+A converted ONNX model runs as many small memory-bound kernels next to its convolutions: a bias add after
+every convolution, its activation, concatenations, the pad before a pool. At batch 32 on an H200 those were
+most of NanoDet's time (tools/engine_probe.py); Inductor fuses them. The price is a compile at start-up
+(about a minute on a first start; Inductor caches its kernels on disk, so later starts are quicker), and the
+batch dimension is compiled as dynamic so that every pipeline batch size shares one compile.
+
+Dynamo cannot trace onnx2torch's ``OnnxReshape`` (it builds a ``torch.Size`` from a tensor), so reshapes to a
+constant shape are first rewritten into plain ``torch.reshape`` calls (``freeze_reshapes``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _constant(module: Any, node: Any) -> Any:
+    owner_name, _, attr = node.target.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    return getattr(owner, attr)
+
+
+def freeze_reshapes(module: Any) -> int:
+    """Rewrite every ``OnnxReshape`` whose shape is a constant without 0 entries (ONNX's "copy this input
+    dimension") into ``torch.reshape(x, dims)``; returns how many. A -1 stays: torch reads it the same way."""
+    import torch
+
+    graph = module.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_module" or type(module.get_submodule(node.target)).__name__ != "OnnxReshape":
+            continue
+        shape = node.args[1] if len(node.args) > 1 else node.kwargs.get("shape")
+        if getattr(shape, "op", None) != "get_attr":
+            continue
+        dims = [int(v) for v in _constant(module, shape).tolist()]
+        if 0 in dims:
+            continue
+        with graph.inserting_before(node):
+            plain = graph.call_function(torch.reshape, (node.args[0], tuple(dims)))
+        node.replace_all_uses_with(plain)
+        graph.erase_node(node)
+        count += 1
+    graph.eliminate_dead_code()
+    graph.lint()
+    module.recompile()
+    return count
+
+
+def compile_module(module: Any) -> Any:
+    """``module`` (an fx.GraphModule, placed) ready for ``torch.compile``; the compiled callable. The compile
+    itself happens at its first call."""
+    import torch
+
+    frozen = freeze_reshapes(module)
+    log.info("torch engine: compiling with torch.compile (Inductor); %d reshape(s) made static", frozen)
+    return torch.compile(module, dynamic=True, fullgraph=False)
