@@ -530,10 +530,11 @@ def _device_frames(stages, images: list[np.ndarray]) -> tuple[list, list[_HeldLe
 
 
 def pipelined_vs_serialized(
-    batches: list[int], frames_total: int, frames: str = "host", lanes: tuple[int, ...] = (2,)
+    batches: list[int], frames_total: int, frames: str = "host", engines: tuple[str, ...] = ("1",)
 ) -> list[dict]:
     """Same frames, same engine: ring_slots 4 (batches in different stages at once; with ``engine.lanes``
-    2 also two in inference) vs 1 (serial: one batch at a time, so one lane). ``frames`` "host": BGR arrays
+    2 also two in inference) vs 1 (serial: one batch at a time, so one lane). ``engines``: one row per
+    spec, "2" = lanes 2, "2c" = lanes 2 and ``engine.compile``. ``frames`` "host": BGR arrays
     as the CPU decoder gives them (packed and uploaded by S1); "device": NV12 pictures already in device
     memory, as NVDEC gives them (S1 only launches the preprocess kernel)."""
     import cv2
@@ -553,18 +554,25 @@ def pipelined_vs_serialized(
         images.append(img)
     h, w = images[0].shape[:2]
     rows = []
-    for batch, lane_count in ((b, n) for b in batches for n in lanes):
+    for batch, spec in ((b, e) for b in batches for e in engines):
+        lane_count, compiled = int(spec.rstrip("c")), spec.endswith("c")
         raw = {
             "streams": [{"id": "s", "url": str(DEMO_CLIP)}],
             "model": {"path": str(MODEL)},
-            "engine": {"type": "torch", "precision": "fp16", "max_batch": 64, "lanes": lane_count},
+            "engine": {
+                "type": "torch",
+                "precision": "fp16",
+                "max_batch": 64,
+                "lanes": lane_count,
+                "compile": compiled,
+            },
             "pipeline": {"batch_size": batch, "decoder": "cpu"},
         }
         config = parse_config(raw, ROOT)
         stages = build_stages(config)
         held: list = []
         try:
-            result: dict = {"batch": batch, "frames": frames, "lanes": lane_count}
+            result: dict = {"batch": batch, "frames": frames, "lanes": lane_count, "compile": compiled}
             leases: list = []
             if frames == "device":
                 held, leases = _device_frames(stages, images)
@@ -669,7 +677,9 @@ def main() -> int:
         choices=["host", "device"],
         help="host: BGR arrays (the CPU decoder's); device: NV12 in device memory (NVDEC's)",
     )
-    ap.add_argument("--pipelined-lanes", type=int, nargs="*", default=[2], help="engine.lanes per row (1 2)")
+    ap.add_argument(
+        "--pipelined-engines", nargs="*", default=["1"], help='engine per row: lanes, "c" = compiled (1 2 2c)'
+    )
     ap.add_argument("--single", action="store_true", help="one stream, default config (batch 4): p99")
     ap.add_argument("--soak", type=float, default=0.0, help="seconds of one soak run at --streams[0]")
     ap.add_argument(
@@ -765,7 +775,7 @@ def main() -> int:
                 for kind in args.pipelined_frames:  # one kind failing must not lose the other's rows
                     try:
                         results["pipelined"] += pipelined_vs_serialized(
-                            args.pipelined, 3000, kind, tuple(args.pipelined_lanes)
+                            args.pipelined, 3000, kind, tuple(args.pipelined_engines)
                         )
                     except Exception as exc:
                         print(f"pipelined ({kind} frames) failed: {exc!r}", flush=True)
@@ -822,11 +832,12 @@ def markdown(r: dict) -> str:
     if "pipelined" in r:
         lines += [
             "",
-            "| frames | batch | engine lanes | ring_slots 4 fps | ring_slots 1 fps | ratio |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| frames | batch | engine lanes | compiled | ring_slots 4 fps | ring_slots 1 fps | ratio |",
+            "|---|---:|---:|---|---:|---:|---:|",
         ]
         for x in r["pipelined"]:
-            row = (x.get("frames", "host"), x["batch"], x.get("lanes", 1), x["fps_slots4"], x["fps_slots1"])
+            row = (x.get("frames", "host"), x["batch"], x.get("lanes", 1), x.get("compile", False))
+            row += (x["fps_slots4"], x["fps_slots1"])
             row += (x["ratio"],)
             lines.append("| " + " | ".join(map(str, row)) + " |")
         for x in r["pipelined"]:
@@ -834,6 +845,7 @@ def markdown(r: dict) -> str:
                 host, gpu = x.get(f"host_ms_slots{slots}"), x.get(f"gpu_ms_slots{slots}")
                 lines.append(
                     f"{x.get('frames', 'host')} frames, batch {x['batch']}, lanes {x.get('lanes', 1)}, "
+                    f"compiled {x.get('compile', False)}, "
                     f"ring_slots {slots}: host ms/batch "
                     f"{host}, GPU ms {gpu}, host wait ms {x.get(f'host_wait_ms_slots{slots}')}"
                 )

@@ -84,6 +84,7 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
     Raises StartupError: EX_CONFIG when the model does not fit the config, EX_UNAVAILABLE when the engine or
     the GPU cannot be brought up.
     """
+    from streamd.config.engine import backend_options
     from streamd.engines import EngineError, create_engine  # engines load heavy libraries: on use only
     from streamd.engines.verify import VerifyPlan
 
@@ -97,10 +98,8 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
             precision=e.precision,
             threads=e.threads,
             device=device,
-            cache_dir=e.cache_dir,
-            cuda_graphs=e.cuda_graphs,
-            lanes=e.lanes,
             verify=VerifyPlan.from_config(config),
+            **backend_options(e),
         )
     except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable
         raise StartupError(str(exc), exc.code) from exc

@@ -521,7 +521,7 @@ def test_defaults(folder: Path):
     assert config.engine.type == "auto" and config.engine.precision == "fp16" and config.engine.max_batch == 8
     assert config.engine.cache_dir == Path.home() / ".cache" / "streamd"
     assert config.engine.cuda_graphs is True and config.engine.threads == 0 and config.engine.device == 0
-    assert config.pipeline == PipelineConfig(batch_size=4, batch_timeout_ms=10.0, ring_slots=4, frame_queue=2)
+    assert config.pipeline == PipelineConfig(batch_size=4, batch_timeout_ms=10.0, ring_slots=3, frame_queue=2)
     assert config.pipeline.decoder == "auto"
     assert config.sinks == (StdoutSinkConfig(),) and config.sinks[0].type == "stdout"
     assert config.metrics == MetricsConfig(enabled=False, host="127.0.0.1", port=9108)

@@ -18,7 +18,8 @@
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
-#                                           # 2), tests/gpu, tests/engines/gpu and tests/pipeline/gpu
+#                                           # 2, lanes 2 compiled), tests/gpu, tests/engines/gpu and
+#                                           # tests/pipeline/gpu
 #                                           # (TEST_DIRS, PIPELINED="1 8 32" replace them) (~7 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
@@ -118,7 +119,7 @@ case "${1:-}" in
         work=/tmp/gs-rest; mkdir -p "$work"
         OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="${TEST_DIRS:-tests/gpu tests/engines/gpu tests/pipeline/gpu}" \
 BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams \
---pipelined ${PIPELINED:-1 32} --pipelined-frames device host --pipelined-lanes 1 2" STEP_TIMEOUT=${STEP_TIMEOUT:-300} \
+--pipelined ${PIPELINED:-1 32} --pipelined-frames device host --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c}" STEP_TIMEOUT=${STEP_TIMEOUT:-300} \
             tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"

@@ -27,11 +27,16 @@ class EngineConfig:
     )
     cuda_graphs: bool = opt(True, "run inference through captured CUDA graphs (GPU engines)")
     lanes: int = opt(
-        2,
+        1,
         "batches a GPU engine runs at once, each on its own CUDA stream with its own scratch memory "
         "(torch: a CUDA graph pool; TensorRT: an execution context); 1 = one after another",
         ge=1,
         le=4,
+    )
+    compile: bool = opt(
+        False,
+        "torch engine on a GPU: run the model through torch.compile (Inductor fuses the small ops between "
+        "the convolutions); faster inference for about a minute of compiling at a first start",
     )
     threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
     verify: bool = opt(
@@ -39,6 +44,16 @@ class EngineConfig:
         "compare a GPU (or torch) engine with ONNX Runtime CPU at start-up and refuse it if it differs; "
         "false skips the check at your own risk (docs/engines.md)",
     )
+
+
+def backend_options(engine: EngineConfig) -> dict[str, object]:
+    """The ``create_engine`` options this section sets (beyond type, precision, batch and threads)."""
+    return {
+        "cache_dir": engine.cache_dir,
+        "cuda_graphs": engine.cuda_graphs,
+        "lanes": engine.lanes,
+        "compile": engine.compile,
+    }
 
 
 def check_cache_dir(value: object, path: str, base_dir: Path) -> Path:

@@ -18,7 +18,7 @@ class PipelineConfig:
     batch_timeout_ms: float = opt(
         10.0, "longest wait for a batch to fill before a partial batch runs", ge=0, note="0 = never wait"
     )
-    ring_slots: int = opt(4, "batches in flight at once (input/output buffer sets in the ring)", ge=1, le=16)
+    ring_slots: int = opt(3, "batches in flight at once (input/output buffer sets in the ring)", ge=1, le=16)
     frame_queue: int = opt(
         2,
         "decoded frames a live stream always keeps; beyond them the oldest is dropped (counted) when 1 s old",

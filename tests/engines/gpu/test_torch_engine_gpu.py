@@ -163,13 +163,19 @@ def match(ref, got, post, margin: float, px: float) -> tuple[int, int, list[str]
     return matched, total, flips, problems
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "fp16-compiled"])
 def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
+    """fp16-compiled: engine.compile (torch.compile): the fused kernels must detect what ORT does too."""
     from streamd.engines.torch import TorchEngine
     from streamd.pipeline.postprocess import CpuPostprocessor
 
+    compiled = precision.endswith("-compiled")
     t0 = time.perf_counter()
-    engine = TorchEngine(MODEL, max_batch=MAX_BATCH, precision=precision, device=0, cuda_graphs=True)
+    engine = TorchEngine(
+        MODEL, max_batch=MAX_BATCH, precision=precision.split("-")[0], device=0, cuda_graphs=True,
+        compile=compiled,
+    )  # fmt: skip
+    assert ("torch.compile" in engine.steps) == compiled
     load_s = time.perf_counter() - t0
     assert engine.output_shape == (1, 84, 3549) and engine.cuda_graphs
     got = run_slots(engine, frames, batch=8)
@@ -183,6 +189,7 @@ def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
     ref_dets, got_dets = postprocess(reference), postprocess(got)
     margin = 0.002 if precision == "fp32" else 0.01
     px = 0.05 if precision == "fp32" else 1.0  # fp16 steps: 0.25 px from 256, 0.5 px from 512
+    load_s = time.perf_counter() - t0 if compiled else load_s  # compiled: the first calls compile
     matched, total, flips, problems = match(ref_dets, got_dets, post, margin, px)
     RESULTS[precision] = {
         "frames": len(frames),
