@@ -119,7 +119,7 @@ case "${1:-}" in
         work=/tmp/gs-rest; mkdir -p "$work"
         OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="${TEST_DIRS:-tests/gpu tests/engines/gpu tests/pipeline/gpu}" \
 BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --single --streams \
---pipelined ${PIPELINED:-1 32} --pipelined-frames device host --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c}" STEP_TIMEOUT=${STEP_TIMEOUT:-300} \
+--pipelined ${PIPELINED:-1 32} --pipelined-frames ${PIPELINED_FRAMES:-device host} --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c}" STEP_TIMEOUT=${STEP_TIMEOUT:-300} \
             tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
