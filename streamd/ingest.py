@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 logutil.install(log)  # repeated warnings of a stream: 3 per 10 s, then one line with the count (ops)
 
 DEFAULT_PERIOD_S = 0.04  # frame period assumed when the container states no frame rate
+# First wait for a hardware decoder (up to reconnect_max_s): decoders free up only when other streams end, and
+# 52 streams retrying from 0.5 s slowed 268 running ones for the first ~25 s on the H200 (bench/RESULTS.md).
+DECODER_WAIT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -137,7 +140,8 @@ class StreamWorker:
         self._pacer = Pacer(stop) if cfg.realtime and not cfg.is_live else None
         # No hardware decoder to be had (DecoderFull): why, and the waits before trying again.
         self._no_decoder: str | None = None
-        self._decoder_wait = Backoff(cfg.reconnect_initial_s, cfg.reconnect_max_s)
+        first = min(max(cfg.reconnect_initial_s, DECODER_WAIT_S), cfg.reconnect_max_s)
+        self._decoder_wait = Backoff(first, cfg.reconnect_max_s)
         self._thread = threading.Thread(target=self._run, name=f"stream-{cfg.id}", daemon=True)
 
     nominal_fps = 0.0  # the source's own frame rate once known (0: the container states none)

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 from streamd import logutil
 from streamd.analytics.stream import build_analytics
 from streamd.config import Config, StreamConfig
+from streamd.decode import wait_closed
 from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
 from streamd.ingest import StreamWorker
 from streamd.latency import LatencyHistograms
@@ -82,8 +83,7 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
     """Engine + the stage implementation that fits it (CUDA stages for a GPU engine, CPU twins otherwise).
 
     Raises StartupError: EX_CONFIG when the model does not fit the config, EX_UNAVAILABLE when the engine or
-    the GPU cannot be brought up.
-    """
+    the GPU cannot be brought up."""
     from streamd.config.engine import backend_options
     from streamd.engines import EngineError, create_engine  # engines load heavy libraries: on use only
     from streamd.engines.verify import VerifyPlan
@@ -278,6 +278,7 @@ class Pipeline:
         try:
             for w in self.workers:
                 w.join(timeout=5)
+            wait_closed(10.0)  # decoders the streams handed to the closer go before the engine's context
             if self.scheduler is not None and self._started and not self.scheduler.join(timeout=10):
                 self.scheduler.abort.set()
                 self.scheduler.join(timeout=5)

@@ -80,6 +80,9 @@ def same_format(a: VideoInfo, b: VideoInfo) -> bool:
     return 0 in (a.width, b.width) or sizes[0] == sizes[1]
 
 
+_GONE = ("CUDA_ERROR_CONTEXT_IS_DESTROYED", "CUDA_ERROR_DEINITIALIZED")  # a close at process exit
+
+
 class _Closer:
     """One background thread that closes decoders handed to it, so that tearing a decoder down (NVDEC:
     destroy the session, free its surfaces) never runs on a stream's decode thread."""
@@ -103,8 +106,11 @@ class _Closer:
             decoder = self._queue.get()
             try:
                 decoder.close()
-            except Exception:
-                log.exception("closing a decoder in the background failed")
+            except Exception as exc:
+                if getattr(exc, "name", "") in _GONE:  # its memory went with the context
+                    log.debug("decoder closed after its CUDA context: %s", exc)
+                else:
+                    log.exception("closing a decoder in the background failed")
             finally:
                 del decoder
                 with self._lock:

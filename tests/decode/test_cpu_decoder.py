@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import subprocess
 import sys
 import weakref
@@ -17,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.decode import DecodeError, create_decoder, wait_closed
+from streamd.decode import DecodeError, close_later, create_decoder, wait_closed
 from streamd.decode.cpu import CpuDecoder
 from streamd.sources import Packet, available_backends, demuxer_class
 from streamd.sources.base import VideoInfo
@@ -455,3 +456,27 @@ def test_cpu_decoder_goes_on_after_a_flush() -> None:
     again = [p for pkt in packets for p in dec.decode(pkt)] + dec.flush()
     assert len(first) == len(again) == 12
     assert all(np.array_equal(a.image, b.image) for a, b in zip(first, again, strict=True))
+
+
+def test_a_close_after_the_cuda_context_is_quiet_others_are_logged(caplog) -> None:
+    """At process exit a decoder may be closed after its context went away: nothing to free, no traceback.
+    Any other failure to close is an ERROR with its traceback."""
+
+    class Gone(RuntimeError):
+        name = "CUDA_ERROR_CONTEXT_IS_DESTROYED"
+
+    class Fails:
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        def close(self) -> None:
+            raise self.exc
+
+    caplog.set_level(logging.DEBUG, logger="streamd.decode.base")
+    close_later(Fails(Gone("context is destroyed")))
+    close_later(Fails(ValueError("boom")))
+    assert wait_closed(5)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info and "boom" in str(errors[0].exc_info[1])
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("after its CUDA context" in m for m in debug)
