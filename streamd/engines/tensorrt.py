@@ -9,7 +9,9 @@ Run path (``enqueue``): ``set_input_shape`` when the batch changes, ``set_tensor
 slot buffers, ``execute_async_v3`` on the caller's stream (a ``streamd.gpu.cuda.Stream``; its ``handle`` is
 what TensorRT and the ``CudaApi`` seam take). With ``cuda_graphs`` the first call for a (batch,
 input, output) triple runs normally, then captures the same call into a CUDA graph; later calls launch the
-graph. The context's device memory is shared by all calls, so the engine orders its calls with one event.
+graph. A context's device memory is shared by the calls made with it, so they are ordered by one event.
+``lanes`` > 1 gives each of that many streams (round robin by handle) its own execution context (its own
+device memory, bindings, graphs and event): calls on different lanes run on the GPU at once.
 """
 
 from __future__ import annotations
@@ -104,6 +106,17 @@ def ensure_plan(
     return PlanInfo(path, key, prep, built=True), plan
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One execution context and what the calls made with it share (see the module docstring)."""
+
+    context: IExecutionContext
+    graphs: GraphCache[int]  # failures per (batch, stream)
+    done: Any  # event recorded after each call
+    bound: tuple[int, int, int] | None = None  # (batch, input ptr, output ptr) set on the context
+    last_stream: int | None = None
+
+
 class TensorRTEngine:
     """TensorRT on the GPU. Options beyond ``create_engine``'s: ``opt_batch``, ``workspace_mb``,
     ``optimization_level``, ``rebuild`` (ignore the cache), ``progress`` (a ``BuildProgress``), ``cancel`` (a
@@ -121,6 +134,7 @@ class TensorRTEngine:
         device: int = 0,
         cache_dir: Path | None = None,
         cuda_graphs: bool = True,
+        lanes: int = 1,
         opt_batch: int | None = None,
         workspace_mb: int | None = None,
         optimization_level: int = 3,
@@ -163,25 +177,29 @@ class TensorRTEngine:
             detail = "; ".join(self.logger.errors) or "no detail from TensorRT"
             raise EngineError(f"TensorRT cannot deserialize the engine it built ({self.plan.path}): {detail}")
         self.engine: ICudaEngine = engine
-        context = engine.create_execution_context()
-        if context is None:
-            raise EngineError(
-                f"TensorRT: cannot create an execution context for {self.plan.path} (GPU memory?)"
-            )
-        self.context: IExecutionContext = context
+        self.lanes = max(1, int(lanes))
+        self._lanes = [self._new_lane() for _ in range(self.lanes)]
+        self.context: IExecutionContext = self._lanes[0].context
         self._inspect_io()
         self.name = f"tensorrt-{trt.__version__}-{precision}"
-        self._bound: tuple[int, int, int] | None = None  # (batch, input ptr, output ptr) set on the context
-        self._graphs: GraphCache[int] = GraphCache(self.cuda.graph_destroy)  # failures per (batch, stream)
+        self._lane_of: dict[int, _Lane] = {}  # stream handle -> its lane, given round robin
         self._lock = threading.Lock()
-        self._done = self.cuda.event_create()
-        self._last_stream: int | None = None
+        self._done = self._lanes[0].done
         self._closed = False
         log.info(
             "TensorRT: %s ready (%s), context memory %.0f MiB",
             self.plan.path.name, self.plan.prepared.precision_recipe,
             trt_build.device_memory(trt, engine) / 2**20,
         )  # fmt: skip
+
+    def _new_lane(self) -> _Lane:
+        context = self.engine.create_execution_context()
+        if context is None:
+            raise EngineError(
+                f"TensorRT: cannot create an execution context for {self.plan.path} (GPU memory? each of "
+                "engine.lanes needs one)"
+            )
+        return _Lane(context, GraphCache(self.cuda.graph_destroy), self.cuda.event_create())
 
     def _deserialize(self, data: bytes) -> ICudaEngine | None:
         try:
@@ -213,7 +231,8 @@ class TensorRTEngine:
             self.max_batch = int(shape[0])
         self.min_batch = 1 if shape[0] == -1 else self.max_batch
         self.batch_fixed = None if shape[0] == -1 else self.max_batch  # create_engine pads batches to it
-        self.context.set_input_shape(self.input_name, (self.min_batch, c, h, w))
+        for lane in self._lanes:
+            lane.context.set_input_shape(self.input_name, (self.min_batch, c, h, w))
         out = tuple(int(d) for d in self.context.get_tensor_shape(self.output_name))
         if any(d < 0 for d in out):
             raise EngineError(f"TensorRT engine {self.plan.path}: output shape {out} is data-dependent")
@@ -221,12 +240,12 @@ class TensorRTEngine:
 
     # -- run -------------------------------------------------------------------------------------------------
 
-    def _bind(self, batch: int, input_ptr: int, output_ptr: int) -> None:
-        if self._bound == (batch, input_ptr, output_ptr):
+    def _bind(self, lane: _Lane, batch: int, input_ptr: int, output_ptr: int) -> None:
+        if lane.bound == (batch, input_ptr, output_ptr):
             return
         c, h, w = self.input_shape
-        ctx = self.context
-        new_shape = self._bound is None or self._bound[0] != batch
+        ctx = lane.context
+        new_shape = lane.bound is None or lane.bound[0] != batch
         if new_shape and not ctx.set_input_shape(self.input_name, (batch, c, h, w)):
             raise EngineError(f"TensorRT: input shape {(batch, c, h, w)} is outside the engine's profile")
         if not ctx.set_tensor_address(self.input_name, input_ptr) or not ctx.set_tensor_address(
@@ -235,17 +254,25 @@ class TensorRTEngine:
             raise EngineError(
                 "TensorRT: set_tensor_address refused the buffers (misaligned or null pointer?)"
             )
-        self._bound = (batch, input_ptr, output_ptr)
+        lane.bound = (batch, input_ptr, output_ptr)
 
-    def _execute(self, stream: int) -> None:
-        if not self.context.execute_async_v3(stream):
+    def _execute(self, lane: _Lane, stream: int) -> None:
+        if not lane.context.execute_async_v3(stream):
             detail = "; ".join(self.logger.errors) or "see the TensorRT log"
             raise EngineError(f"TensorRT: execute_async_v3 failed: {detail}")
 
     def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
         self._enqueue(input_ptr, output_ptr, batch, stream.handle, self.cuda_graphs)
 
-    def _enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: int, graphs: bool) -> None:
+    def _enqueue(
+        self,
+        input_ptr: int,
+        output_ptr: int,
+        batch: int,
+        stream: int,
+        graphs: bool,
+        lane: _Lane | None = None,
+    ) -> None:
         if self._closed:
             raise EngineError("TensorRT engine used after close()")
         if not self.min_batch <= batch <= self.max_batch:
@@ -254,24 +281,30 @@ class TensorRTEngine:
             )
         cuda = self.cuda
         with self._lock:
-            if self._last_stream is not None and self._last_stream != stream:
+            if lane is None:
+                lane = self._lane_of.get(stream)
+                if lane is None:
+                    lane = self._lane_of[stream] = self._lanes[len(self._lane_of) % self.lanes]
+            if lane.last_stream is not None and lane.last_stream != stream:
                 cuda.stream_wait_event(
-                    stream, self._done
-                )  # the previous call (other stream) used the context
+                    stream, lane.done
+                )  # the lane's previous call (other stream) used its context
             key = (batch, input_ptr, output_ptr)
-            graph = self._graphs.get(key)
+            graph = lane.graphs.get(key)
             if graph is not None:
-                self._bind(*key)  # host-side context state as at capture (a no-op when unchanged)
+                self._bind(lane, *key)  # host-side context state as at capture (a no-op when unchanged)
                 cuda.graph_launch(graph, stream)
             else:
-                self._bind(batch, input_ptr, output_ptr)
-                self._execute(stream)  # also the warm-up TensorRT needs after a shape change, before capture
-                if graphs and not self._graphs.failed((batch, stream)):
-                    self._capture(key, stream)
-            cuda.event_record(self._done, stream)
-            self._last_stream = stream
+                self._bind(lane, batch, input_ptr, output_ptr)
+                self._execute(
+                    lane, stream
+                )  # also the warm-up TensorRT needs after a shape change, before capture
+                if graphs and not lane.graphs.failed((batch, stream)):
+                    self._capture(lane, key, stream)
+            cuda.event_record(lane.done, stream)
+            lane.last_stream = stream
 
-    def _capture(self, key: GraphKey, stream: int) -> None:
+    def _capture(self, lane: _Lane, key: GraphKey, stream: int) -> None:
         cuda = self.cuda
         try:
             cuda.begin_capture(stream)
@@ -279,17 +312,17 @@ class TensorRTEngine:
             log.warning(
                 "TensorRT: no CUDA graph for batch %d on this stream (%s); running without", key[0], exc
             )
-            self._graphs.fail((key[0], stream))
+            lane.graphs.fail((key[0], stream))
             return
         try:
-            self._execute(stream)
+            self._execute(lane, stream)
             graph = cuda.end_capture(stream)
         except (CUDAError, EngineError) as exc:
             cuda.abort_capture(stream)
             log.warning("TensorRT: CUDA graph capture failed for batch %d (%s); running without", key[0], exc)
-            self._graphs.fail((key[0], stream))
+            lane.graphs.fail((key[0], stream))
             return
-        self._graphs.add(key, graph)
+        lane.graphs.add(key, graph)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Host round trip (tests and tools): copy in, enqueue on a private stream, wait, copy out."""
@@ -302,12 +335,14 @@ class TensorRTEngine:
         d_out = cuda.mem_alloc(out.nbytes)
         try:
             cuda.copy_to_device(d_in, x)
-            self._enqueue(d_in, d_out, n, stream, graphs=False)  # one-off buffers: no graph
+            self._enqueue(
+                d_in, d_out, n, stream, graphs=False, lane=self._lanes[0]
+            )  # one-off buffers: no graph
             cuda.stream_synchronize(stream)
             cuda.copy_to_host(out, d_out)
         finally:
             with self._lock:
-                self._bound = None  # the context must not keep addresses that are about to be freed
+                self._lanes[0].bound = None  # the context must not keep addresses that are about to be freed
             cuda.mem_free(d_in)
             cuda.mem_free(d_out)
             cuda.stream_destroy(stream)
@@ -317,8 +352,11 @@ class TensorRTEngine:
         if self._closed:
             return
         self._closed = True
-        self._graphs.clear()
-        self.cuda.event_destroy(self._done)
+        for lane in self._lanes:
+            lane.graphs.clear()
+            self.cuda.event_destroy(lane.done)
+        self._lanes.clear()
+        self._lane_of.clear()
         del self.context
         del self.engine
         if self._own_cuda is not None:
