@@ -242,6 +242,9 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     }
 
 
+_RUNS = itertools.count(1)  # numbers the daemon logs of one bench run
+
+
 def live_run(
     args,
     n: int,
@@ -335,8 +338,8 @@ def live_run(
     finally:
         row["exit"] = d.stop()
         row["warnings"] = warnings(d.log)
-        name = f"daemon-{n}{'-kill' if kill_worker else ''}.log"  # the whole log, for logs.tgz
-        (args.out / name).write_text("".join(d.log))
+        name = f"daemon-{next(_RUNS):02d}-{n}{'-kill' if kill_worker else ''}.log"
+        (args.out / name).write_text("".join(d.log))  # the whole log, for logs.tgz
         summary = [line.strip() for line in d.log if "streamd: done" in line]
         row["summary"] = summary[-1] if summary else "".join(d.log)[-600:]
     return row
@@ -566,7 +569,7 @@ def pipelined_vs_serialized(
                 "lanes": lane_count,
                 "compile": compiled,
             },
-            "pipeline": {"batch_size": batch, "decoder": "cpu"},
+            "pipeline": {"batch_size": batch, "decoder": "cpu", "ring_slots": 4},  # the runs pick 4 or 1
         }
         config = parse_config(raw, ROOT)
         stages = build_stages(config)

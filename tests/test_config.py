@@ -330,6 +330,13 @@ BAD = [
         1,
     ),
     (
+        "ring-slots-not-a-multiple-of-lanes",
+        GOOD + "engine:\n  lanes: 2\npipeline:\n  ring_slots: 3  # <-\n",
+        "pipeline.ring_slots",
+        ["pipeline.ring_slots 3 is not a multiple of engine.lanes 2", "set ring_slots to 4"],
+        1,
+    ),
+    (
         "ring-slots-zero",
         GOOD + "pipeline:\n  ring_slots: 0  # <-\n",
         "pipeline.ring_slots",

@@ -176,3 +176,10 @@ def verify_batch_fits_engine(pipeline: PipelineConfig, engine: EngineConfig, pro
             f"lower batch_size to at most {engine.max_batch} "
             f"or raise engine.max_batch to at least {pipeline.batch_size}",
         )
+    slots, lanes = pipeline.ring_slots, engine.lanes
+    if slots % lanes and problems.ok("pipeline.ring_slots", "engine.lanes"):  # slot k runs on lane k % lanes
+        problems.add(
+            "pipeline.ring_slots",
+            f"pipeline.ring_slots {slots} is not a multiple of engine.lanes {lanes}: consecutive batches "
+            f"would queue on the same lane; set ring_slots to {-(-slots // lanes) * lanes}",
+        )

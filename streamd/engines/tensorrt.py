@@ -178,13 +178,18 @@ class TensorRTEngine:
             raise EngineError(f"TensorRT cannot deserialize the engine it built ({self.plan.path}): {detail}")
         self.engine: ICudaEngine = engine
         self.lanes = max(1, int(lanes))
-        self._lanes = [self._new_lane() for _ in range(self.lanes)]
-        self.context: IExecutionContext = self._lanes[0].context
-        self._inspect_io()
+        self._lanes: list[_Lane] = []
+        try:
+            for _lane in range(self.lanes):
+                self._lanes.append(self._new_lane())
+            self.context: IExecutionContext = self._lanes[0].context
+            self._inspect_io()
+        except BaseException:  # e.g. no GPU memory for another lane's context: free the ones made
+            self._free_lanes()
+            raise
         self.name = f"tensorrt-{trt.__version__}-{precision}"
         self._lane_of: dict[int, _Lane] = {}  # stream handle -> its lane, given round robin
         self._lock = threading.Lock()
-        self._done = self._lanes[0].done
         self._closed = False
         log.info(
             "TensorRT: %s ready (%s), context memory %.0f MiB",
@@ -200,6 +205,12 @@ class TensorRTEngine:
                 "engine.lanes needs one)"
             )
         return _Lane(context, GraphCache(self.cuda.graph_destroy), self.cuda.event_create())
+
+    def _free_lanes(self) -> None:
+        for lane in self._lanes:
+            lane.graphs.clear()
+            self.cuda.event_destroy(lane.done)
+        self._lanes.clear()  # the contexts (and their device memory) go with the last reference
 
     def _deserialize(self, data: bytes) -> ICudaEngine | None:
         try:
@@ -352,10 +363,7 @@ class TensorRTEngine:
         if self._closed:
             return
         self._closed = True
-        for lane in self._lanes:
-            lane.graphs.clear()
-            self.cuda.event_destroy(lane.done)
-        self._lanes.clear()
+        self._free_lanes()
         self._lane_of.clear()
         del self.context
         del self.engine

@@ -327,6 +327,13 @@ class TorchEngine:
         return stream
 
     def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+        self._enqueue(input_ptr, output_ptr, batch, stream)
+
+    def _enqueue(
+        self, input_ptr: int, output_ptr: int, batch: int, stream: Stream, lane: _Lane | None = None
+    ) -> None:
+        """``lane`` None: the stream's lane (given round robin); ``infer`` passes lane 0 (its staging stream
+        must not take a lane from the pipeline's streams)."""
         if self._closed:
             raise EngineError("torch engine used after close()")
         if not self.on_device:
@@ -337,7 +344,7 @@ class TorchEngine:
         handle = stream.handle
         with self._lock:
             ext = self._stream(handle)
-            lane = self._lane_of.get(handle)
+            lane = lane or self._lane_of.get(handle)
             if lane is None:
                 lane = self._lane_of[handle] = self._lanes[len(self._lane_of) % self.lanes]
             with torch.cuda.device(self.device), torch.cuda.stream(ext):
@@ -396,7 +403,9 @@ class TorchEngine:
         d_in, d_out, stream = self._staging
         with torch.cuda.stream(stream):
             d_in[:n].copy_(x, non_blocking=False)
-            self.enqueue(d_in.data_ptr(), d_out.data_ptr(), n, Stream.borrow(stream.cuda_stream))
+            self._enqueue(
+                d_in.data_ptr(), d_out.data_ptr(), n, Stream.borrow(stream.cuda_stream), self._lanes[0]
+            )
             out = d_out[:n].cpu()
         stream.synchronize()
         return out.numpy()

@@ -192,8 +192,11 @@ def exact_resize_class() -> type:
                 f >= 1 and f.is_integer() and math.log2(f).is_integer() for f in factors
             ):
                 return None
-            if any(math.floor(n * f) < 1 for n, f in zip(x.shape[2:], factors, strict=True)):
-                return None
+            for n, f in zip(x.shape[2:], factors, strict=True):
+                if math.floor(n * f) < 1:
+                    return None
+                if math.floor(n * f) == n and f != 1 and kind == "bilinear" and not corners:
+                    return None  # interpolate copies a same-size axis; ONNX still samples at (i+0.5)/f-0.5
             return functional.interpolate(
                 x, scale_factor=factors, mode=kind, align_corners=corners, recompute_scale_factor=False
             )

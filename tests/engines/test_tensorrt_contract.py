@@ -216,7 +216,7 @@ def test_enqueue_with_cuda_graphs(fake_trt, models, tmp_path):
     assert [c[0] for c in cuda.calls].count("begin_capture") == 2
     assert not [c for c in cuda.calls if c[0] == "wait"]  # one stream: no cross-stream waits
     e.enqueue(x.ctypes.data, out.ctypes.data, 8, Stream.borrow(78))  # another stream waits for the last call
-    assert ("wait", 78, e._done) in cuda.calls
+    assert ("wait", 78, e._lanes[0].done) in cuda.calls
     with pytest.raises(EngineError, match="batch 9"):
         e.enqueue(x.ctypes.data, out.ctypes.data, 9, stream)
 
@@ -240,6 +240,23 @@ def test_lanes_give_each_stream_its_own_context(fake_trt, models, tmp_path):
     assert ("wait", 79, e._lanes[0].done) in cuda.calls
     assert e.infer(a).shape == (8, 84, 320)  # the host round trip still works beside them
     e.close()
+
+
+def test_a_lane_without_gpu_memory_fails_the_engine_and_frees_the_others(
+    fake_trt, models, tmp_path, monkeypatch
+):
+    trt, cuda = fake_trt
+    made = []
+    real = trt.ICudaEngine.create_execution_context
+
+    def create(self):
+        made.append(len(made))
+        return None if len(made) == 3 else real(self)  # the third lane's context: out of memory
+
+    monkeypatch.setattr(trt.ICudaEngine, "create_execution_context", create)
+    with pytest.raises(EngineError, match=r"each of engine\.lanes needs one"):
+        engine(fake_trt, models["dynamic"], tmp_path, max_batch=8, lanes=3)
+    assert len([c for c in cuda.calls if c[0] == "event_destroy"]) == 2  # the two lanes made before
 
 
 def test_enqueue_without_graphs_and_when_capture_fails(fake_trt, models, tmp_path, caplog):

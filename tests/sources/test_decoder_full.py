@@ -77,3 +77,24 @@ def test_stop_during_the_wait_ends_the_stream_at_once(pipeline, monkeypatch) -> 
     pipe.stop.set()
     assert full.join(5) and time.monotonic() - t0 < 2.0
     assert full.stats.state == "ended" and full.stats.decoded == 0
+
+
+def test_the_first_wait_for_a_decoder_is_long(pipeline, monkeypatch, caplog) -> None:
+    """Decoders free up only when other streams end: the first retry waits ingest.DECODER_WAIT_S (5 s, less
+    up to 20 % jitter), not reconnect_initial_s (0.5 s), so many waiting streams do not storm the GPU."""
+    monkeypatch.setattr(ingest, "create_decoder", lambda kind, info, **kw: _NoRoom())
+    caplog.set_level(logging.WARNING, logger="streamd.ingest")
+    pipe = pipeline(capacity=2)
+    # its own id: ingest's warnings are rate-limited per stream (3 per 10 s), the tests above used "full"
+    cfg = StreamConfig(id="waits-5s", url=str(CLIP), reconnect_initial_s=0.5, reconnect_max_s=30.0)
+    full = pipe.add(cfg, policy="block")
+    pipe.start()
+
+    def waits() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "trying again in" in r.getMessage()]
+
+    assert pipe.wait_until(lambda: bool(waits()), 10), full.stats
+    delay = float(waits()[0].split("trying again in ")[1].split(" s")[0])
+    assert ingest.DECODER_WAIT_S * 0.8 <= delay <= ingest.DECODER_WAIT_S
+    pipe.stop.set()
+    assert full.join(5)
