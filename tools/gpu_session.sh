@@ -99,7 +99,8 @@ case "${1:-}" in
     overload)
         install; shift
         work=/tmp/gs-overload; mkdir -p "$work"
-        OUT="$work" TEST_DIRS="tests/engines/gpu/test_torch_engine_gpu.py" BENCHES="bench/bench_live.py --clip $CLIP \
+        OUT="$work" TEST_DIRS="tests/engines/gpu/test_torch_engine_gpu.py::test_torch_matches_onnxruntime_on_real_frames[fp16]" \
+            BENCHES="bench/bench_live.py --clip $CLIP \
 --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --warmup ${WARMUP:-40} --streams --overload ${*:-200 260 320}" \
             STEP_TIMEOUT=540 WHEEL_DIR=/nonexistent tools/gpu_run.sh
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
