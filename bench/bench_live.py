@@ -611,7 +611,9 @@ def pipelined_vs_serialized(
                     nb = max(1, sched.batches)
                     result[f"host_ms_slots{slots}"] = {
                         k: round(v * 1e3 / nb, 3) for k, v in sched.busy_s.items()
-                    }
+                    }  # ... of which CPU (the rest: waiting for the GIL or inside the driver)
+                    cpu = sched.cpu_s
+                    result[f"cpu_ms_slots{slots}"] = {k: round(v * 1e3 / nb, 3) for k, v in cpu.items()}
                     result[f"gpu_ms_slots{slots}"] = {
                         k: round(float(np.mean([r.latency_ms[k] for r in done[::batch]])), 3)
                         for k in ("preprocess", "infer", "postprocess")
@@ -619,6 +621,9 @@ def pipelined_vs_serialized(
                     waits = [r.latency_ms["host_wait"] for r in done[::batch]]
                     result[f"host_wait_ms_slots{slots}"] = round(float(np.mean(waits)), 3)
             result["ratio"] = round(result["fps_slots4"] / result["fps_slots1"], 2)
+            counts = getattr(stages.engine, "graph_counts", None)
+            if counts is not None:  # a capture that failed runs eagerly: a ring far slower than the probe
+                result["graphs"], result["graph_failures"] = counts()
             rows.append(result)
         finally:
             for buf in held:
@@ -853,7 +858,9 @@ def markdown(r: dict) -> str:
                     f"{x.get('frames', 'host')} frames, batch {x['batch']}, lanes {x.get('lanes', 1)}, "
                     f"compiled {x.get('compile', False)}, "
                     f"ring_slots {slots}: host ms/batch "
-                    f"{host}, GPU ms {gpu}, host wait ms {x.get(f'host_wait_ms_slots{slots}')}"
+                    f"{host}, of it CPU {x.get(f'cpu_ms_slots{slots}')}, GPU ms {gpu}, "
+                    f"host wait ms {x.get(f'host_wait_ms_slots{slots}')}, CUDA graphs {x.get('graphs')} "
+                    f"(failed {x.get('graph_failures')})"
                 )
     if "soak" in r:
         x = r["soak"]

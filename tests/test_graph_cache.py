@@ -22,3 +22,6 @@ def test_failures_are_remembered_per_scope() -> None:
     cache: GraphCache[object] = GraphCache()
     cache.fail((8, 123))
     assert cache.failed((8, 123)) and not cache.failed((8, 456)) and not cache.failed(8)
+    cache.fail((8, 123))
+    cache.fail(4)
+    assert cache.failures == 2  # scopes, not attempts

@@ -17,6 +17,10 @@
 #                                           # overrides the 40 s warm-up
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
+#   tools/gpu_session.sh pipelined          # only the pipelined-vs-serialized rows (device frames; PIPELINED,
+#                                           # PIPELINED_ENGINES); PROFILE_ENGINES="2c" then runs batch
+#                                           # PROFILE_BATCH (32) again under py-spy --gil (its wheel in .prof/,
+#                                           # carried): $OUT/gil.txt.gz, GIL samples per thread (~5 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
 #                                           # 2, lanes 2 compiled), tests/gpu, tests/engines/gpu and
 #                                           # tests/pipeline/gpu
@@ -125,5 +129,22 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | rest" >&2; exit 2 ;;
+    pipelined)
+        install
+        work=/tmp/gs-pipelined; mkdir -p "$work"
+        timeout "${STEP_TIMEOUT:-420}" python3 bench/bench_live.py --clip "$CLIP" --out "$work" --ceiling-threads 0 \
+            --ceiling-processes 0 --streams --pipelined ${PIPELINED:-1 32} --pipelined-frames device \
+            --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c} 2>&1 | tail -40
+        cp "$work"/bench_live.md "$work"/bench_live.json "$OUT"/ 2>/dev/null
+        spy=(.prof/py_spy-*.whl)
+        if [[ -n "${PROFILE_ENGINES:-}" && -f "${spy[0]}" ]]; then  # who holds the GIL in the ring's threads
+            python3 -m pip install -q --no-index --no-deps --target /tmp/spy "${spy[0]}" >/dev/null 2>&1
+            timeout "${PROFILE_TIMEOUT:-200}" /tmp/spy/bin/py-spy record --gil --threads --format raw --rate 500 \
+                -o "$OUT/gil.txt" -- python3 bench/bench_live.py --clip "$CLIP" --out /tmp/gs-prof \
+                --ceiling-threads 0 --ceiling-processes 0 --streams --pipelined ${PROFILE_BATCH:-32} \
+                --pipelined-frames device --pipelined-engines $PROFILE_ENGINES 2>&1 | tail -8
+            gzip -f "$OUT/gil.txt"
+        fi
+        ;;
+    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | rest" >&2; exit 2 ;;
 esac

@@ -362,6 +362,11 @@ class TorchEngine:
                 lane.done.record(ext)
             lane.last_stream = handle
 
+    def graph_counts(self) -> tuple[int, int]:
+        """(CUDA graphs captured, batch sizes whose capture failed and so run eagerly), over all lanes."""
+        lanes = self._lanes
+        return sum(len(lane.graphs) for lane in lanes), sum(lane.graphs.failures for lane in lanes)
+
     def _check_batch(self, batch: int) -> None:
         if self.batch_fixed is not None and batch != self.batch_fixed:
             raise EngineError(f"torch engine: the model's batch is fixed at {self.batch_fixed}, got {batch}")

@@ -39,6 +39,11 @@ class GraphCache(Generic[G]):
     def fail(self, scope: Hashable) -> None:
         self._failed.add(scope)
 
+    @property
+    def failures(self) -> int:
+        """How many scopes failed to capture."""
+        return len(self._failed)
+
     def clear(self) -> None:
         """Drop (and release) every graph; safe to call twice."""
         graphs, self._graphs = list(self._graphs.values()), {}

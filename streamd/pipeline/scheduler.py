@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.stages import Slot, Stages
-from streamd.types import FrameResult
+from streamd.types import FrameResult, detections_to_source
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ class Scheduler:
         self.frames = 0
         # Host seconds each stage thread spent working (not waiting): which thread bounds the ring.
         self.busy_s = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0, "collect": 0.0}
+        # ... and the CPU seconds of it: busy minus CPU is time spent waiting for the GIL (or in the driver)
+        self.cpu_s = dict.fromkeys(self.busy_s, 0.0)
         self._free: queue.Queue[Slot] = queue.Queue()
         for i in range(ring_slots):
             self._free.put(stages.new_slot(i))
@@ -104,42 +106,54 @@ class Scheduler:
             if slot is _STOP:
                 break
             slot.frames, slot.stage_ms = batch, {}
-            slot.t_start = time.perf_counter()
+            slot.t_start, cpu = time.perf_counter(), time.thread_time()
             self.stages.preprocess(slot)
             self.busy_s["preprocess"] += time.perf_counter() - slot.t_start
+            self.cpu_s["preprocess"] += time.thread_time() - cpu
             self._put(self._queues[0], slot)
         self._put(self._queues[0], _STOP)
 
     def _relay(self, src: queue.Queue, dst: queue.Queue, step: Callable[[Slot], None], name: str) -> None:
         while (slot := self._get(src)) is not _STOP:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             step(slot)
             self.busy_s[name] += time.perf_counter() - t
+            self.cpu_s[name] += time.thread_time() - cpu
             self._put(dst, slot)
         self._put(dst, _STOP)
 
     def _collect(self) -> None:
         while (slot := self._get(self._queues[2])) is not _STOP:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             detections = self.stages.collect(slot)
             now = time.perf_counter()
-            batch_ms = (now - slot.t_start) * 1e3
-            results = []
-            for frame, transform, det in zip(slot.frames, slot.transforms, detections, strict=True):
-                latency = {k: round(v, 3) for k, v in slot.stage_ms.items()}
-                latency["decode"] = round(frame.decode_ms, 3)
-                latency["queue"] = round((slot.t_start - frame.t_decoded) * 1e3, 3)
-                latency["batch"] = round(batch_ms, 3)
-                latency["total"] = round((now - frame.t_decoded) * 1e3 + frame.decode_ms, 3)
-                latency["arrival"] = round((now - (frame.t_arrival or frame.t_decoded)) * 1e3, 3)
-                boxes = transform.to_source(det.xyxy, frame.width, frame.height)
-                source_det = type(det)(boxes, det.score, det.class_id)
-                results.append(FrameResult(frame, source_det, latency))
+            frames = slot.frames
+            # Per batch, not per frame (this thread bounds a fast ring): boxes back to source pixels in one
+            # go, and the latencies every frame of the batch shares rounded once.
+            source = detections_to_source(detections, slot.transforms, [(f.width, f.height) for f in frames])
+            shared = {k: round(v, 3) for k, v in slot.stage_ms.items()}
+            batch_ms = round((now - slot.t_start) * 1e3, 3)
+            results = [
+                FrameResult(
+                    frame,
+                    det,
+                    {
+                        **shared,
+                        "decode": round(frame.decode_ms, 3),
+                        "queue": round((slot.t_start - frame.t_decoded) * 1e3, 3),
+                        "batch": batch_ms,
+                        "total": round((now - frame.t_decoded) * 1e3 + frame.decode_ms, 3),
+                        "arrival": round((now - (frame.t_arrival or frame.t_decoded)) * 1e3, 3),
+                    },
+                )
+                for frame, det in zip(frames, source, strict=True)
+            ]
             self.on_results(results)
             # host work only: the wait for the GPU (E3) is the slot's host_wait, not busy time
             self.busy_s["collect"] += time.perf_counter() - t - slot.stage_ms.get("host_wait", 0.0) / 1e3
+            self.cpu_s["collect"] += time.thread_time() - cpu
             self.batches += 1
-            self.frames += len(slot.frames)
+            self.frames += len(frames)
             slot.frames, slot.transforms = [], []
             self._free.put(slot)
 
