@@ -18,9 +18,9 @@
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
 #   tools/gpu_session.sh pipelined          # only the pipelined-vs-serialized rows (device frames; PIPELINED,
-#                                           # PIPELINED_ENGINES); PROFILE_ENGINES="2c" then runs batch
-#                                           # PROFILE_BATCH (32) again under py-spy --gil (its wheel in .prof/,
-#                                           # carried): $OUT/gil.txt.gz, GIL samples per thread (~5 min)
+#                                           # PIPELINED_ENGINES) (~7 min with 2c)
+#   tools/gpu_session.sh profile            # the pipelined rows PROFILE="1:2 32:2" (batch:engine) under
+#                                           # py-spy --gil (its wheel in .prof/, carried): $OUT/gil-*.txt.gz
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
 #                                           # 2, lanes 2 compiled), tests/gpu, tests/engines/gpu and
 #                                           # tests/pipeline/gpu
@@ -136,15 +136,17 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
             --ceiling-processes 0 --streams --pipelined ${PIPELINED:-1 32} --pipelined-frames device \
             --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c} 2>&1 | tail -40
         cp "$work"/bench_live.md "$work"/bench_live.json "$OUT"/ 2>/dev/null
-        spy=(.prof/py_spy-*.whl)
-        if [[ -n "${PROFILE_ENGINES:-}" && -f "${spy[0]}" ]]; then  # who holds the GIL in the ring's threads
-            python3 -m pip install -q --no-index --no-deps --target /tmp/spy "${spy[0]}" >/dev/null 2>&1
-            timeout "${PROFILE_TIMEOUT:-200}" /tmp/spy/bin/py-spy record --gil --threads --format raw --rate 500 \
-                -o "$OUT/gil.txt" -- python3 bench/bench_live.py --clip "$CLIP" --out /tmp/gs-prof \
-                --ceiling-threads 0 --ceiling-processes 0 --streams --pipelined ${PROFILE_BATCH:-32} \
-                --pipelined-frames device --pipelined-engines $PROFILE_ENGINES 2>&1 | tail -8
-            gzip -f "$OUT/gil.txt"
-        fi
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | rest" >&2; exit 2 ;;
+    profile)  # who holds the GIL in the ring's threads: py-spy --gil (its wheel in .prof/, carried)
+        install
+        python3 -m pip install -q --no-index --no-deps --target /tmp/spy .prof/py_spy-*.whl >/dev/null 2>&1
+        for spec in ${PROFILE:-1:2 32:2}; do  # batch:engine
+            timeout "${PROFILE_TIMEOUT:-150}" /tmp/spy/bin/py-spy record --gil --threads --nonblocking --format raw \
+                --rate 200 -o "$OUT/gil-${spec/:/-}.txt" -- python3 bench/bench_live.py --clip "$CLIP" \
+                --out /tmp/gs-prof --ceiling-threads 0 --ceiling-processes 0 --streams --pipelined "${spec%%:*}" \
+                --pipelined-frames device --pipelined-engines "${spec#*:}" 2>&1 | grep -v "^W1130" | tail -3
+            gzip -f "$OUT/gil-${spec/:/-}.txt"
+        done
+        ;;
+    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest" >&2; exit 2 ;;
 esac
