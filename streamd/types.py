@@ -9,7 +9,6 @@ Arrays are numpy; shapes are in the docstrings and checked on construction.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -141,29 +140,29 @@ class Transform:
         return out
 
 
-def detections_to_source(
-    dets: list[Detections], transforms: list[Transform], sizes: list[tuple[int, int]]
+def to_source_padded(
+    det: np.ndarray, counts: np.ndarray, transforms: list[Transform], sizes: list[tuple[int, int]]
 ) -> list[Detections]:
-    """``Transform.to_source`` of a whole batch in a few array operations (each frame's detections with its
-    transform and its (width, height)); the same float32 results as frame by frame, which cost ~15 us of
-    Python per frame in the collect thread, the thread that bounds a batch-32 ring."""
-    counts = [len(d.score) for d in dets]
-    total = sum(counts)
-    if total == 0:
-        return [Detections(d.xyxy.astype(np.float32), d.score, d.class_id) for d in dets]
+    """A batch of NMS results in model-input pixels (``det`` [>= B, max_det, 6] rows x1, y1, x2, y2, score,
+    class; ``counts`` [>= B] valid rows per frame) -> each frame's ``Detections`` in source pixels, the same
+    float32 values ``Transform.to_source`` gives frame by frame, in a few array operations for the whole batch
+    (frame by frame it was ~15 us of Python per frame in the collect thread, the thread that bounds a
+    batch-32 ring). The returned arrays are new (views of this batch's own arrays), never views of ``det``."""
+    b = len(transforms)
+    n = [int(c) for c in counts[:b]]
+    rows = max(n, default=0)
     # per frame, float32 (what a weak Python float becomes in to_source): pads, scales, frame size per column
     params = np.array(
         [(t.pad_x, t.pad_y, t.scale_x, t.scale_y, w, h) for t, (w, h) in zip(transforms, sizes, strict=True)],
         np.float32,
-    )
-    rows = np.repeat(params[:, [0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5]], counts, axis=0)
-    xyxy = np.concatenate([d.xyxy for d in dets]).astype(np.float32, copy=False)
-    out = (xyxy - rows[:, 0:4]) / rows[:, 4:8]
-    np.maximum(out, 0, out=out)
-    np.minimum(out, rows[:, 8:12], out=out)
-    ends = list(itertools.accumulate(counts))
-    parts = [out[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-    return [Detections(b, d.score, d.class_id) for b, d in zip(parts, dets, strict=True)]
+    ).reshape(b, 1, 6)[:, :, [0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5]]
+    block = det[:b, :rows]
+    boxes = (block[:, :, :4] - params[:, :, 0:4]) / params[:, :, 4:8]
+    np.maximum(boxes, 0, out=boxes)
+    np.minimum(boxes, params[:, :, 8:12], out=boxes)
+    scores = block[:, :, 4].copy()
+    classes = block[:, :, 5].astype(np.int32)
+    return [Detections(boxes[i, :c], scores[i, :c], classes[i, :c]) for i, c in enumerate(n)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -347,7 +347,12 @@ class TorchEngine:
             lane = lane or self._lane_of.get(handle)
             if lane is None:
                 lane = self._lane_of[handle] = self._lanes[len(self._lane_of) % self.lanes]
-            with torch.cuda.device(self.device), torch.cuda.stream(ext):
+            # set_stream rather than `with torch.cuda.device(), torch.cuda.stream()`: those asked torch for
+            # the device count and current device on every call, a few percent of a batch-1 ring's GIL time.
+            # (It also makes the engine's device the calling thread's current one: a worker has one GPU.)
+            prev = torch.cuda.current_stream(self.device)
+            torch.cuda.set_stream(ext)
+            try:
                 if lane.last_stream is not None and lane.last_stream != handle:
                     ext.wait_event(lane.done)  # the lane's previous call, on another stream, used its pool
                 graph = lane.graphs.get(key)
@@ -360,6 +365,8 @@ class TorchEngine:
                     if self.cuda_graphs and not lane.graphs.failed(batch):
                         self._capture(lane, key, x, y)
                 lane.done.record(ext)
+            finally:
+                torch.cuda.set_stream(prev)
             lane.last_stream = handle
 
     def graph_counts(self) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,9 @@ def driver() -> Any:
             ) from exc
         _drv = drv
     return _drv
+
+
+_made_current = threading.local()  # .ctx: the Context this thread last activated
 
 
 class CUDAError(StartupError, RuntimeError):
@@ -152,6 +156,14 @@ class Context:
     def activate(self) -> None:
         """Make this context current in the calling thread (once per thread that uses CUDA)."""
         check(driver().cuCtxSetCurrent(self.handle), "cuCtxSetCurrent")
+        _made_current.ctx = self
+
+    def ensure_current(self) -> None:
+        """``activate`` unless this thread already made this context current: for threads that run only
+        this context's work (the pipeline's stage threads; torch and TensorRT use the same primary
+        context), where a driver call per stage call was a measurable share of a batch-1 ring's GIL time."""
+        if getattr(_made_current, "ctx", None) is not self:
+            self.activate()
 
     def attribute(self, attr: str) -> int:
         """A device attribute by its short name, e.g. ``compute_capability_major``."""

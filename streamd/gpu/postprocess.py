@@ -6,7 +6,8 @@ writes into a :class:`NmsResults` device buffer laid out as ``[counts int32 x ma
 det float32 [max_batch, max_det, 6]]``. ``results.download(host, stream, batch)`` is then one
 ``cuMemcpyDtoHAsync`` of the counts and the first ``batch`` frames' rows into a :class:`HostNmsResults`
 (pinned), and ``host.detections(batch)`` turns them into ``Detections`` once the stream has passed it.
-Same semantics as the CPU twin (``streamd.pipeline.postprocess``): detections in model-input pixels.
+Same semantics as the CPU twin (``streamd.pipeline.postprocess``): detections in model-input pixels
+(``host.source_detections`` maps the whole batch back to source pixels at once, for the pipeline).
 
 Class filter / per-class thresholds (``spec.thresholds``): each call writes the batch's [B, C] threshold rows
 (one per frame, by its stream; +inf for filtered classes) into the results' pinned staging table and copies
@@ -37,7 +38,7 @@ from streamd.gpu.cuda import (
 )
 from streamd.gpu.kernels import KernelLoader
 from streamd.pipeline.postprocess import PostprocessSpec
-from streamd.types import Detections
+from streamd.types import Detections, Transform, to_source_padded
 
 LAYOUT_IDS = {"yolov8": 0, "yolov5": 1, "end2end": 2}
 NMS_THREADS = 1024
@@ -113,6 +114,13 @@ class HostNmsResults:
             out.append(Detections(rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].astype(np.int32)))
         return out
 
+    def source_detections(
+        self, transforms: list[Transform], sizes: list[tuple[int, int]]
+    ) -> list[Detections]:
+        """Per-frame detections in source pixels (``to_source_padded``), as many frames as ``transforms``;
+        valid once the download has completed."""
+        return to_source_padded(self.det, self.counts, transforms, sizes)
+
     def close(self) -> None:
         self.counts = self.det = None  # type: ignore[assignment]
         self.buffer.close()
@@ -181,6 +189,7 @@ class GpuPostprocessor:
             ctypes.c_int(int(do_nms)),
         )
         self._done: Event | None = None
+        self._done_stream = 0  # the stream handle _done was last recorded on
 
     def input_shape(self, batch: int) -> tuple[int, int, int]:
         c = self.spec.num_classes
@@ -214,7 +223,7 @@ class GpuPostprocessor:
         if (results.max_batch, results.max_det) != (self.max_batch, self.max_det):
             raise ValueError("GpuPostprocessor: results buffer made for another postprocessor")
         n_anchors, num_classes, score_thr, iou_thr, do_nms = self._consts
-        if self._done is not None:
+        if self._done is not None and stream.handle != self._done_stream:
             stream.wait(self._done)  # the scratch buffers are free once the previous call's kernels ran
         self._counts.fill_u32(0, stream, count=batch)
         thresholds_ptr = 0
@@ -268,6 +277,7 @@ class GpuPostprocessor:
         )  # fmt: skip
         self._done = self._done or Event()
         self._done.record(stream)
+        self._done_stream = stream.handle  # later calls on the same stream are ordered after it anyway
         return results
 
     def close(self) -> None:

@@ -70,29 +70,64 @@ def yuv_coefficients(matrix: str, full_range: bool) -> tuple[float, float, float
 def frame_params(
     surfaces: Sequence[Surface], spec: PreprocessSpec, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, list[Transform]]:
-    """Per-frame kernel parameters (FRAME_DTYPE records) and the letterbox transforms, one per surface."""
+    """Per-frame kernel parameters (FRAME_DTYPE records) and the letterbox transforms, one per surface.
+
+    Everything but the plane addresses depends only on a frame's geometry (size, pitches, colour matrix), so
+    each geometry's record is built once (``_record``) and a batch is a broadcast plus two address columns:
+    filling the structured array from per-frame tuples was the S1 thread's largest cost at batch 32."""
     params = np.zeros(len(surfaces), FRAME_DTYPE) if out is None else out[: len(surfaces)]
-    records, transforms = [], []
+    records, transforms, src0, src1 = [], [], [], []
+    known = _RECORDS.setdefault(spec, {})  # hashing the spec once per batch, not per frame
     for i, s in enumerate(surfaces):
-        t, nw, nh = _transform_cached(s.width, s.height, spec)
-        transforms.append(t)
         if isinstance(s, Nv12Surface):
-            planes = (s.y_ptr, s.uv_ptr)
-            pitches, fmt = (s.y_pitch, s.uv_pitch), FORMAT_NV12
-            uv16 = int(s.uv_ptr % 2 == 0 and s.uv_pitch % 2 == 0)
-            coefficients = _yuv_cached(s.matrix, s.full_range)
+            key: tuple = (s.width, s.height, s.y_pitch, s.uv_pitch, s.matrix, s.full_range, s.uv_ptr & 1)
+            src0.append(s.y_ptr)
+            src1.append(s.uv_ptr)
         elif isinstance(s, PackedSurface):
-            planes, pitches = (s.ptr, 0), (s.pitch, 0)
-            fmt, uv16, coefficients = (FORMAT_BGR if s.order == "bgr" else FORMAT_RGB), 0, _NO_YUV
+            key = (s.width, s.height, s.pitch, s.order)
+            src0.append(s.ptr)
+            src1.append(0)
         else:
             raise TypeError(f"frame {i}: expected Nv12Surface or PackedSurface, got {type(s).__name__}")
-        # Field order of FRAME_DTYPE; the scales are derived as OpenCV derives them (1 / (dst / src)).
-        records.append(
-            (*planes, 1.0 / (nw / s.width), 1.0 / (nh / s.height), *pitches, s.width, s.height, fmt, uv16,
-             int(t.pad_x), int(t.pad_y), nw, nh, *coefficients)
-        )  # fmt: skip
-    params[:] = records
+        entry = known.get(key)
+        if entry is None:
+            if len(known) > 256:  # a source changing size all the time must not grow this without bound
+                known.clear()
+            entry = known[key] = _record(key, spec)
+        record, t = entry
+        records.append(record)
+        transforms.append(t)
+    if records:
+        first = records[0]
+        params[:] = first if all(r is first for r in records) else np.concatenate(records)
+        params["src0"] = src0
+        params["src1"] = src1
     return params, transforms
+
+
+_RECORDS: dict[PreprocessSpec, dict[tuple, tuple[np.ndarray, Transform]]] = {}
+
+
+def _record(key: tuple, spec: PreprocessSpec) -> tuple[np.ndarray, Transform]:
+    """One geometry's FRAME_DTYPE record (plane addresses 0) and transform. ``key``: (width, height, y pitch,
+    uv pitch, matrix, full range, uv address odd) for NV12, (width, height, pitch, order) for packed."""
+    width, height = key[0], key[1]
+    t, nw, nh = _transform_cached(width, height, spec)
+    if len(key) == 7:
+        pitches, fmt = (key[2], key[3]), FORMAT_NV12
+        uv16 = int(key[6] == 0 and key[3] % 2 == 0)
+        coefficients = _yuv_cached(key[4], key[5])
+    else:
+        pitches, fmt = (key[2], 0), (FORMAT_BGR if key[3] == "bgr" else FORMAT_RGB)
+        uv16, coefficients = 0, _NO_YUV
+    record = np.zeros(1, FRAME_DTYPE)
+    # Field order of FRAME_DTYPE; the scales are derived as OpenCV derives them (1 / (dst / src)).
+    record[0] = (
+        0, 0, 1.0 / (nw / width), 1.0 / (nh / height), *pitches, width, height, fmt, uv16,
+        int(t.pad_x), int(t.pad_y), nw, nh, *coefficients,
+    )  # fmt: skip
+    record.flags.writeable = False  # shared by every batch with this geometry
+    return record, t
 
 
 @functools.lru_cache(maxsize=256)

@@ -178,7 +178,7 @@ class GpuStages:
             done.result()
 
     def preprocess(self, slot: Slot) -> None:
-        self.ctx.activate()
+        self.ctx.ensure_current()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         buf.events[0].record(self.s1)
         slot.transforms = self.pre(self._stage_surfaces(slot, buf), buf.input.ptr, self.s1)
@@ -189,7 +189,7 @@ class GpuStages:
             f.surface = None
 
     def infer(self, slot: Slot) -> None:
-        self.ctx.activate()
+        self.ctx.ensure_current()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         buf.s2.wait(buf.events[1])
         n = len(slot.frames)
@@ -198,7 +198,7 @@ class GpuStages:
         buf.events[2].record(buf.s2)
 
     def postprocess(self, slot: Slot) -> None:
-        self.ctx.activate()
+        self.ctx.ensure_current()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         self.s3.wait(buf.events[2])
         n = len(slot.frames)
@@ -207,7 +207,7 @@ class GpuStages:
         buf.events[3].record(self.s3)
 
     def collect(self, slot: Slot) -> list[Detections]:
-        self.ctx.activate()
+        self.ctx.ensure_current()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         t = time.perf_counter()
         e0, e1, e2, e3 = buf.events
@@ -216,7 +216,8 @@ class GpuStages:
             preprocess=e0.elapsed_ms(e1), infer=e1.elapsed_ms(e2), postprocess=e2.elapsed_ms(e3),
             host_wait=(time.perf_counter() - t) * 1e3,
         )  # fmt: skip
-        return buf.host.detections(len(slot.frames))
+        frames = slot.frames
+        return buf.host.source_detections(slot.transforms, [(f.width, f.height) for f in frames])
 
     def close(self) -> None:
         if self._packers is not None:

@@ -57,7 +57,10 @@ class CpuStages:
 
     def collect(self, slot: Slot) -> list[Detections]:
         buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
-        return buf.detections
+        return [
+            Detections(t.to_source(d.xyxy, f.width, f.height), d.score, d.class_id)
+            for f, t, d in zip(slot.frames, slot.transforms, buf.detections, strict=True)
+        ]
 
     def close(self) -> None:
         self.engine.close()

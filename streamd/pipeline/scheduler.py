@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.stages import Slot, Stages
-from streamd.types import FrameResult, detections_to_source
+from streamd.types import FrameResult
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,11 @@ class Scheduler:
     def _collect(self) -> None:
         while (slot := self._get(self._queues[2])) is not _STOP:
             t, cpu = time.perf_counter(), time.thread_time()
-            detections = self.stages.collect(slot)
+            source = self.stages.collect(slot)  # in source pixels
             now = time.perf_counter()
             frames = slot.frames
-            # Per batch, not per frame (this thread bounds a fast ring): boxes back to source pixels in one
-            # go, and the latencies every frame of the batch shares rounded once.
-            source = detections_to_source(detections, slot.transforms, [(f.width, f.height) for f in frames])
+            # Python per batch where it can be (this thread bounds a fast ring): the latencies every frame
+            # of the batch shares are rounded once.
             shared = {k: round(v, 3) for k, v in slot.stage_ms.items()}
             batch_ms = round((now - slot.t_start) * 1e3, 3)
             results = [

@@ -56,7 +56,7 @@ def gpu_run(tmp_path, precision: str) -> dict[tuple[str, int], dict]:
 
 def cpu_twin(clip, stream_id: str) -> dict[tuple[str, int], list[dict]]:
     """The CPU stages (OpenCV/numpy preprocess, ONNX Runtime, numpy NMS) on frames OpenCV decodes (the GPU
-    box has no PyAV), driven slot by slot in-process; boxes mapped to source pixels as the scheduler does."""
+    box has no PyAV), driven slot by slot in-process (``collect`` gives boxes in source pixels)."""
     config = load_config(None)
     m = config.model
     engine = create_engine("onnxruntime", MODEL, max_batch=16)
@@ -73,11 +73,10 @@ def cpu_twin(clip, stream_id: str) -> dict[tuple[str, int], list[dict]]:
         stages.preprocess(slot)
         stages.infer(slot)
         stages.postprocess(slot)
-        for f, t, det in zip(slot.frames, slot.transforms, stages.collect(slot), strict=True):
-            boxes = t.to_source(det.xyxy, f.width, f.height)
+        for f, det in zip(slot.frames, stages.collect(slot), strict=True):  # source pixels
             out[(stream_id, f.index)] = [
                 {"class_id": int(c), "score": float(s), "box": b.tolist()}
-                for c, s, b in zip(det.class_id, det.score, boxes, strict=True)
+                for c, s, b in zip(det.class_id, det.score, det.xyxy, strict=True)
             ]
         frames.clear()
 
