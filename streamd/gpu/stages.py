@@ -22,6 +22,7 @@ synchronously in the S1 thread (~0.25 ms per 768x576 frame), which capped the wh
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ from streamd.pipeline.stages import Slot
 from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-PACK_THREADS = 4
+# Memcpy threads for host frames: one core's memcpy bounded a batch-32 ring (42 MB per batch), four still
+# made S1 the ring's slowest stage on a 16-core H200 host (2026-11-30); half the cores, at most 8.
+PACK_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than four can be woken
 
 
