@@ -133,7 +133,7 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
         install
         work=/tmp/gs-pipelined; mkdir -p "$work"
         timeout "${STEP_TIMEOUT:-420}" python3 bench/bench_live.py --clip "$CLIP" --out "$work" --ceiling-threads 0 \
-            --ceiling-processes 0 --streams --pipelined ${PIPELINED:-1 32} --pipelined-frames device \
+            --ceiling-processes 0 --streams --pipelined ${PIPELINED:-1 32} --pipelined-frames ${PIPELINED_FRAMES:-device} \
             --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c} 2>&1 | tail -40
         cp "$work"/bench_live.md "$work"/bench_live.json "$OUT"/ 2>/dev/null
         ;;
