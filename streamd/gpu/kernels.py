@@ -152,12 +152,26 @@ class LoadInfo:
     path: Path | None
 
 
+class PackedArgs:
+    """Kernel arguments packed once: the ctypes values and the array of their addresses the driver reads.
+    For launches repeated with the same arguments (a pipeline slot's buffers), so a launch builds no ctypes
+    objects; the values must not change while a launch that uses them is being enqueued."""
+
+    __slots__ = ("address", "args", "ptrs")
+
+    def __init__(self, args: Sequence[Any]) -> None:
+        self.args = tuple(args)  # keeps the values alive as long as their addresses are used
+        self.ptrs = (ctypes.c_void_p * len(self.args))(*(ctypes.addressof(a) for a in self.args))
+        self.address = ctypes.addressof(self.ptrs)
+
+
 class Kernel:
     """One ``extern "C"`` function of a loaded module."""
 
     def __init__(self, module: Module, name: str) -> None:
         self.module = module  # keeps the module loaded
         self.name = name
+        self._call = f"cuLaunchKernel({name})"
         self.raw = check(
             driver().cuModuleGetFunction(module.raw, name.encode()), f"cuModuleGetFunction({name})"
         )
@@ -173,17 +187,15 @@ class Kernel:
         stream: Stream,
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
-        args: Sequence[Any],
+        args: Sequence[Any] | PackedArgs,
         shared: int = 0,
     ) -> None:
         """Enqueue the kernel on ``stream``. ``args`` are ctypes values (``c_uint64`` for pointers,
-        ``c_int``, ``c_float``, ctypes structures) in the kernel's parameter order."""
-        ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+        ``c_int``, ``c_float``, ctypes structures) in the kernel's parameter order, or those packed once."""
+        packed = args if isinstance(args, PackedArgs) else PackedArgs(args)
         check(
-            driver().cuLaunchKernel(
-                self.raw, *grid, *block, int(shared), stream.raw, ctypes.addressof(ptrs), 0
-            ),
-            f"cuLaunchKernel({self.name})",
+            driver().cuLaunchKernel(self.raw, *grid, *block, int(shared), stream.raw, packed.address, 0),
+            self._call,
         )
 
 

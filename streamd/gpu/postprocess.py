@@ -36,7 +36,7 @@ from streamd.gpu.cuda import (
     copy_htod,
     device_pointer,
 )
-from streamd.gpu.kernels import KernelLoader
+from streamd.gpu.kernels import KernelLoader, PackedArgs
 from streamd.pipeline.postprocess import PostprocessSpec
 from streamd.types import Detections, Transform, to_source_padded
 
@@ -190,6 +190,7 @@ class GpuPostprocessor:
         )
         self._done: Event | None = None
         self._done_stream = 0  # the stream handle _done was last recorded on
+        self._packed: dict[tuple[int, int, int, int], tuple[PackedArgs, PackedArgs]] = {}
 
     def input_shape(self, batch: int) -> tuple[int, int, int]:
         c = self.spec.num_classes
@@ -222,7 +223,6 @@ class GpuPostprocessor:
             raise ValueError(f"GpuPostprocessor: batch {batch} outside 1..{self.max_batch}")
         if (results.max_batch, results.max_det) != (self.max_batch, self.max_det):
             raise ValueError("GpuPostprocessor: results buffer made for another postprocessor")
-        n_anchors, num_classes, score_thr, iou_thr, do_nms = self._consts
         if self._done is not None and stream.handle != self._done_stream:
             stream.wait(self._done)  # the scratch buffers are free once the previous call's kernels ran
         self._counts.fill_u32(0, stream, count=batch)
@@ -241,44 +241,42 @@ class GpuPostprocessor:
             table.rows(stream_ids, out=results.thresholds_host.array(np.float32, (batch, c)))
             copy_htod(results.thresholds.ptr, results.thresholds_host.ptr, batch * c * 4, stream)
             thresholds_ptr = results.thresholds.ptr
+        key = (device_pointer(output), thresholds_ptr, results.det_ptr, results.counts_ptr)
+        packed = self._packed.get(key)
+        if packed is None:
+            if len(self._packed) > 64:  # a caller cycling through many buffers: never grow without bound
+                self._packed.clear()
+            packed = self._packed[key] = self._pack_args(*key)
+        grid = ((self.n + DECODE_THREADS - 1) // DECODE_THREADS, batch, 1)
+        self.decode.launch(stream, grid, (DECODE_THREADS, 1, 1), packed[0])
+        self.nms.launch(stream, (batch, 1, 1), (NMS_THREADS, 1, 1), packed[1], shared=self.shared)
+        self._done = self._done or Event()
+        self._done.record(stream)
+        self._done_stream = stream.handle  # later calls on the same stream are ordered after it anyway
+        return results
+
+    def _pack_args(
+        self, output: int, thresholds: int, det: int, det_counts: int
+    ) -> tuple[PackedArgs, PackedArgs]:
+        """Both kernels' arguments for one (engine output, threshold table, results) buffer set."""
+        n_anchors, num_classes, score_thr, iou_thr, do_nms = self._consts
         keys, boxes, classes, counts = (
             ctypes.c_uint64(self._keys.ptr),
             ctypes.c_uint64(self._boxes.ptr),
             ctypes.c_uint64(self._classes.ptr),
             ctypes.c_uint64(self._counts.ptr),
         )
-        self.decode.launch(
-            stream,
-            ((self.n + DECODE_THREADS - 1) // DECODE_THREADS, batch, 1),
-            (DECODE_THREADS, 1, 1),
-            (
-                ctypes.c_uint64(device_pointer(output)),
-                n_anchors,
-                num_classes,
-                score_thr,
-                keys,
-                boxes,
-                classes,
-                counts,
-                ctypes.c_uint64(thresholds_ptr),
-            ),
-        )
-        self.nms.launch(
-            stream,
-            (batch, 1, 1),
-            (NMS_THREADS, 1, 1),
-            (
-                keys, boxes, classes, counts, n_anchors,
-                ctypes.c_int(self.kcap), ctypes.c_int(self.sort_cap), ctypes.c_int(self.max_det),
-                iou_thr, do_nms, ctypes.c_uint64(self._mask.ptr),
-                ctypes.c_uint64(results.det_ptr), ctypes.c_uint64(results.counts_ptr),
-            ),
-            shared=self.shared,
+        decode = PackedArgs(
+            (ctypes.c_uint64(output), n_anchors, num_classes, score_thr, keys, boxes, classes, counts,
+             ctypes.c_uint64(thresholds))
         )  # fmt: skip
-        self._done = self._done or Event()
-        self._done.record(stream)
-        self._done_stream = stream.handle  # later calls on the same stream are ordered after it anyway
-        return results
+        nms = PackedArgs(
+            (keys, boxes, classes, counts, n_anchors,
+             ctypes.c_int(self.kcap), ctypes.c_int(self.sort_cap), ctypes.c_int(self.max_det),
+             iou_thr, do_nms, ctypes.c_uint64(self._mask.ptr),
+             ctypes.c_uint64(det), ctypes.c_uint64(det_counts))
+        )  # fmt: skip
+        return decode, nms
 
     def close(self) -> None:
         if self._done is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod, device_pointer
-from streamd.gpu.kernels import KernelLoader
+from streamd.gpu.kernels import KernelLoader, PackedArgs
 from streamd.pipeline.specs import PreprocessSpec, compute_transform
 from streamd.types import Nv12Surface, PackedSurface, Surface, Transform
 
@@ -214,6 +214,7 @@ class GpuPreprocessor:
         self._dev = DeviceBuffer(ring * stride)
         self._staging = [self._host.array(FRAME_DTYPE, max_batch, offset=k * stride) for k in range(ring)]
         self._events: list[Event | None] = [None] * ring
+        self._packed: dict[tuple[int, int], PackedArgs] = {}  # launch arguments per (params, output)
         self._next = 0
 
     def output_shape(self, batch: int) -> tuple[int, int, int, int]:
@@ -253,14 +254,15 @@ class GpuPreprocessor:
     def launch(self, prepared: PreparedBatch, out: object, stream: Stream) -> None:
         """Enqueue the kernel for a prepared batch, writing ``[batch, 3, H, W]`` at ``out``."""
         grid, block = launch_grid(self.spec, prepared.batch)
-        args = (
-            ctypes.c_uint64(prepared.params_ptr),
-            ctypes.c_uint64(device_pointer(out)),
-            ctypes.c_int(self.spec.width),
-            ctypes.c_int(self.spec.height),
-            self._rgb,
-            self._norm,
-        )
+        key = (prepared.params_ptr, device_pointer(out))
+        args = self._packed.get(key)
+        if args is None:  # ring entries x output buffers: a few dozen in a pipeline
+            if len(self._packed) > 256:
+                self._packed.clear()
+            args = self._packed[key] = PackedArgs(
+                (ctypes.c_uint64(key[0]), ctypes.c_uint64(key[1]), ctypes.c_int(self.spec.width),
+                 ctypes.c_int(self.spec.height), self._rgb, self._norm)
+            )  # fmt: skip
         self.kernel.launch(stream, grid, block, args)
         event = self._events[prepared.entry] or Event()
         event.record(stream)
