@@ -611,7 +611,7 @@ def pipelined_vs_serialized(
                     nb = max(1, sched.batches)
                     result[f"host_ms_slots{slots}"] = {
                         k: round(v * 1e3 / nb, 3) for k, v in sched.busy_s.items()
-                    }  # ... of which CPU (the rest: waiting for the GIL or inside the driver)
+                    }  # ... of which CPU (the rest: blocked on the GIL, the GPU or pack threads)
                     cpu = sched.cpu_s
                     result[f"cpu_ms_slots{slots}"] = {k: round(v * 1e3 / nb, 3) for k, v in cpu.items()}
                     result[f"gpu_ms_slots{slots}"] = {

@@ -17,8 +17,9 @@
 #                                           # overrides the 40 s warm-up
 #   tools/gpu_session.sh decoders           # how many NVDEC decoders fit: 8 x 48, 16 x 24 and 1 x 64 (per process
 #                                           # or per GPU?), output kept in $OUT/decoders.txt (~2 min)
-#   tools/gpu_session.sh pipelined          # only the pipelined-vs-serialized rows (device frames; PIPELINED,
-#                                           # PIPELINED_ENGINES) (~7 min with 2c)
+#   tools/gpu_session.sh pipelined          # only the pipelined-vs-serialized rows (PIPELINED="1 32",
+#                                           # PIPELINED_FRAMES="device", PIPELINED_ENGINES="1 2 2c" by default;
+#                                           # ~7 min with 2c, ~2 min without)
 #   tools/gpu_session.sh profile            # the pipelined rows PROFILE="1:2 32:2" (batch:engine) under
 #                                           # py-spy --gil (its wheel in .prof/, carried): $OUT/gil-*.txt.gz
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
@@ -132,7 +133,7 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
     pipelined)
         install
         work=/tmp/gs-pipelined; mkdir -p "$work"
-        timeout "${STEP_TIMEOUT:-420}" python3 bench/bench_live.py --clip "$CLIP" --out "$work" --ceiling-threads 0 \
+        timeout "${STEP_TIMEOUT:-570}" python3 bench/bench_live.py --clip "$CLIP" --out "$work" --ceiling-threads 0 \
             --ceiling-processes 0 --streams --pipelined ${PIPELINED:-1 32} --pipelined-frames ${PIPELINED_FRAMES:-device} \
             --pipelined-engines ${PIPELINED_ENGINES:-1 2 2c} 2>&1 | tail -40
         cp "$work"/bench_live.md "$work"/bench_live.json "$OUT"/ 2>/dev/null
@@ -144,7 +145,7 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
             timeout "${PROFILE_TIMEOUT:-150}" /tmp/spy/bin/py-spy record --gil --threads --nonblocking --format raw \
                 --rate 200 -o "$OUT/gil-${spec/:/-}.txt" -- python3 bench/bench_live.py --clip "$CLIP" \
                 --out /tmp/gs-prof --ceiling-threads 0 --ceiling-processes 0 --streams --pipelined "${spec%%:*}" \
-                --pipelined-frames device --pipelined-engines "${spec#*:}" 2>&1 | grep -v "^W1130" | tail -3
+                --pipelined-frames device --pipelined-engines "${spec#*:}" 2>&1 | grep -Ev "^W[0-9]{4} " | tail -3
             gzip -f "$OUT/gil-${spec/:/-}.txt"
         done
         ;;

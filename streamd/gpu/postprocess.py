@@ -189,7 +189,7 @@ class GpuPostprocessor:
             ctypes.c_int(int(do_nms)),
         )
         self._done: Event | None = None
-        self._done_stream = 0  # the stream handle _done was last recorded on
+        self._done_stream: Stream | None = None  # the owned stream _done was last recorded on
         self._packed: dict[tuple[int, int, int, int], tuple[PackedArgs, PackedArgs]] = {}
 
     def input_shape(self, batch: int) -> tuple[int, int, int]:
@@ -223,7 +223,7 @@ class GpuPostprocessor:
             raise ValueError(f"GpuPostprocessor: batch {batch} outside 1..{self.max_batch}")
         if (results.max_batch, results.max_det) != (self.max_batch, self.max_det):
             raise ValueError("GpuPostprocessor: results buffer made for another postprocessor")
-        if self._done is not None and stream.handle != self._done_stream:
+        if self._done is not None and stream is not self._done_stream:
             stream.wait(self._done)  # the scratch buffers are free once the previous call's kernels ran
         self._counts.fill_u32(0, stream, count=batch)
         thresholds_ptr = 0
@@ -252,7 +252,10 @@ class GpuPostprocessor:
         self.nms.launch(stream, (batch, 1, 1), (NMS_THREADS, 1, 1), packed[1], shared=self.shared)
         self._done = self._done or Event()
         self._done.record(stream)
-        self._done_stream = stream.handle  # later calls on the same stream are ordered after it anyway
+        # Later calls on this same stream are ordered after this one anyway. Only a stream we own counts: a
+        # borrowed handle may be the per-thread default stream (another stream in each thread) or a value a
+        # destroyed stream had; holding the object keeps its handle from being reused while we compare.
+        self._done_stream = None if stream.borrowed else stream
         return results
 
     def _pack_args(

@@ -42,8 +42,8 @@ from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 # Memcpy threads for host frames: one core's memcpy bounded a batch-32 ring (42 MB per batch), four still
 # made S1 the ring's slowest stage on a 16-core H200 host (2026-11-30); half the cores, at most 8.
-PACK_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
-PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than four can be woken
+PACK_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) // 2))
+PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than several can be woken
 
 
 def _copy_all(copies: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -170,7 +170,7 @@ class GpuStages:
     def _pack(self, copies: list[tuple[np.ndarray, np.ndarray]], nbytes: int) -> None:
         """Frames into the pinned buffer; a large batch in PACK_THREADS threads (numpy copies release the
         GIL), since one core's memcpy bounds the S1 thread: 32 frames of 768x576 are 42 MB per batch."""
-        if nbytes < PACK_PARALLEL_BYTES or len(copies) < 2:
+        if nbytes < PACK_PARALLEL_BYTES or len(copies) < 2 or PACK_THREADS == 1:
             for dst, src in copies:
                 np.copyto(dst, src)
             return

@@ -40,7 +40,8 @@ class Scheduler:
         self.frames = 0
         # Host seconds each stage thread spent working (not waiting): which thread bounds the ring.
         self.busy_s = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0, "collect": 0.0}
-        # ... and the CPU seconds of it: busy minus CPU is time spent waiting for the GIL (or in the driver)
+        # ... and the CPU seconds of it; busy minus CPU is time blocked: waiting for the GIL, for the GPU
+        # (a ring entry's event), or for the pack threads (whose memcpy CPU is not counted here)
         self.cpu_s = dict.fromkeys(self.busy_s, 0.0)
         self._free: queue.Queue[Slot] = queue.Queue()
         for i in range(ring_slots):
