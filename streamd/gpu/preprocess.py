@@ -73,9 +73,9 @@ def frame_params(
     """Per-frame kernel parameters (FRAME_DTYPE records) and the letterbox transforms, one per surface.
 
     Everything but the plane addresses depends only on a frame's geometry (size, pitches, colour matrix and
-    range, channel order, the parity of the UV address), so
-    each geometry's record is built once (``_record``) and a batch is a broadcast plus two address columns:
-    filling the structured array from per-frame tuples was the S1 thread's largest cost at batch 32."""
+    range, channel order, the parity of the UV address), so each geometry's record is built once
+    (``_record``) and a batch is a broadcast plus two address columns: filling the structured array from
+    per-frame tuples was the S1 thread's largest cost at batch 32."""
     params = np.zeros(len(surfaces), FRAME_DTYPE) if out is None else out[: len(surfaces)]
     records, transforms, src0, src1 = [], [], [], []
     known = _RECORDS.setdefault(spec, {})  # hashing the spec once per batch, not per frame
