@@ -12,7 +12,6 @@ ring on the caller's stream (each ring entry is reused only after the work that 
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,11 +112,11 @@ def _record(key: tuple, spec: PreprocessSpec) -> tuple[np.ndarray, Transform]:
     """One geometry's FRAME_DTYPE record (plane addresses 0) and transform. ``key``: (width, height, y pitch,
     uv pitch, matrix, full range, uv address odd) for NV12, (width, height, pitch, order) for packed."""
     width, height = key[0], key[1]
-    t, nw, nh = _transform_cached(width, height, spec)
+    t, nw, nh = compute_transform(width, height, spec)
     if len(key) == 7:
         pitches, fmt = (key[2], key[3]), FORMAT_NV12
         uv16 = int(key[6] == 0 and key[3] % 2 == 0)
-        coefficients = _yuv_cached(key[4], key[5])
+        coefficients = _kernel_yuv(key[4], key[5])
     else:
         pitches, fmt = (key[2], 0), (FORMAT_BGR if key[3] == "bgr" else FORMAT_RGB)
         uv16, coefficients = 0, _NO_YUV
@@ -131,22 +130,13 @@ def _record(key: tuple, spec: PreprocessSpec) -> tuple[np.ndarray, Transform]:
     return record, t
 
 
-@functools.lru_cache(maxsize=256)
-def _transform_cached(width: int, height: int, spec: PreprocessSpec) -> tuple[Transform, int, int]:
-    return compute_transform(width, height, spec)
-
-
 _NO_YUV = (0.0,) * 6
-_YUV_CACHE: dict[tuple[str, bool], tuple[float, ...]] = {}
 
 
-def _yuv_cached(matrix: str, full_range: bool) -> tuple[float, ...]:
+def _kernel_yuv(matrix: str, full_range: bool) -> tuple[float, ...]:
     """Kernel coefficients in units of 255, luma as one multiply-add: y_mul, y_add, r_v, g_u, g_v, b_u."""
-    key = (matrix, full_range)
-    if key not in _YUV_CACHE:
-        y_off, y_gain, *chroma = yuv_coefficients(matrix, full_range)
-        _YUV_CACHE[key] = (y_gain / 255.0, -y_off * y_gain / 255.0, *(c / 255.0 for c in chroma))
-    return _YUV_CACHE[key]
+    y_off, y_gain, *chroma = yuv_coefficients(matrix, full_range)
+    return (y_gain / 255.0, -y_off * y_gain / 255.0, *(c / 255.0 for c in chroma))
 
 
 def normalise_params(spec: PreprocessSpec) -> Normalise:
