@@ -57,8 +57,11 @@ def config_text(
     engine: str = "torch",
     extra: str = "",
     realtime: bool = True,
+    devices: tuple[int, ...] = (),
 ) -> str:
     pace = "true" if realtime else "false"
+    if devices:  # workers round robin over these GPUs
+        extra += f"  devices: [{', '.join(map(str, devices))}]\n"
     streams = "".join(
         f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: {pace}\n    loop: true\n" for i in range(n)
     )
@@ -261,13 +264,15 @@ def live_run(
     cfg = tmp / f"live-{n}.yaml"
     text = config_text(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
-        extra="" if spare else "  spare_worker: false\n", realtime=realtime,
+        extra="" if spare else "  spare_worker: false\n", realtime=realtime, devices=tuple(args.devices),
     )  # fmt: skip
     cfg.write_text(text + extra)
     d = Daemon(cfg)
     # Unpaced (realtime: false) files wait for room instead of dropping: what is delivered is the capacity.
     offered = n * args.fps if realtime else 0.0
     row: dict = {"streams": n, "offered_fps": offered, "workers": args.workers, "realtime": realtime}
+    if args.devices:
+        row["devices"] = list(args.devices)
     if extra:
         row["extra"] = extra.strip()
     try:
@@ -278,12 +283,11 @@ def live_run(
         row["workers_started"] = int(m.group(1)) if m else None
         row["spare_worker"] = spare
         if m and int(m.group(1)) >= 2 and spare:
-            # The spare worker is built after READY; a box that has run for a while has it built and idle.
-            # Building it inside the window would charge its engine build to the figures.
+            # The spare workers (one per GPU) are built after READY; a box that has run for a while has them
+            # built and idle. Building them inside the window would charge their engine builds to the figures.
             t_wait = time.monotonic()
-            row["spare_ready_after_s"] = (
-                round(time.monotonic() - t_wait, 1) if d.wait_for(r"spare worker ready", 120) else None
-            )
+            built = all(d.wait_for(rf"spare worker ready on GPU {g}\b", 120) for g in args.devices or [0])
+            row["spare_ready_after_s"] = round(time.monotonic() - t_wait, 1) if built else None
         ready_wall = time.time()
         pids = descendants(d.proc.pid)
         row["processes"] = len(pids)
@@ -371,11 +375,14 @@ def growth(samples: list[dict], skip_s: float) -> dict:
 def restart_probe(
     args, d: Daemon, out: Path, row: dict, history: list[dict] | None = None, tail: Tail | None = None
 ) -> dict:
-    """kill -9 worker 0 mid-run: its streams' return time; gaps in all streams over the whole run."""
-    m = d.wait_for(r"worker 0 (?:ready|back) \(pid (\d+)\): stream\(s\) (\S+)", 5)
+    """kill -9 worker ``--restart-worker`` mid-run: its streams' return time; gaps in all streams over the
+    whole run."""
+    k = args.restart_worker
+    m = d.wait_for(rf"worker {k} (?:ready|back) \(pid (\d+)\): stream\(s\) (\S+)", 5)
     if m is None:
-        row["error"] = "no worker 0 line"
+        row["error"] = f"no worker {k} line"
         return row
+    row["killed_worker"] = k
     victim, first_stream = int(m.group(1)), m.group(2).rstrip(",")
     # live_run waited for the spare worker (pipeline.spare_worker, on with >= 2 workers) to be built.
     row["moved_to_spare_expected"] = d.wait_for(r"spare worker ready", 1) is not None
@@ -680,6 +687,10 @@ def main() -> int:
         help="also a run offered this multiple of the (highest) decode-only ceiling, without a spare worker",
     )
     ap.add_argument("--restart", type=int, default=0, help="streams for the kill -9 probe (0: skip)")
+    ap.add_argument("--restart-worker", type=int, default=0, help="the worker the kill -9 probe kills")
+    ap.add_argument(
+        "--devices", type=int, nargs="*", default=[], help="pipeline.devices: GPUs the workers spread over"
+    )
     ap.add_argument("--pipelined", type=int, nargs="*", default=[], help="batch sizes (e.g. 1 8 32)")
     ap.add_argument(
         "--pipelined-frames",
@@ -824,6 +835,8 @@ def markdown(r: dict) -> str:
                 continue
             gpu = x.get("gpu_mb_per_process") or []
             label = f"{x['streams']}" + (" (tracking)" if "tracking" in x.get("extra", "") else "")
+            if x.get("devices"):
+                label += f" (GPUs {', '.join(map(str, x['devices']))})"
             offered = f"{x['offered_fps']:.0f}" if x.get("realtime", True) else "unpaced"
             lines.append(
                 f"| {label} | {x.get('workers')} | {offered} | {x['delivered_fps']} "
@@ -835,7 +848,8 @@ def markdown(r: dict) -> str:
             )
     if "restart" in r:
         x = r["restart"]
-        lines += ["", f"kill -9 of worker 0 at {x['streams']} streams: back after {x.get('restart_s')} s, "
+        k = x.get("killed_worker", 0)
+        lines += ["", f"kill -9 of worker {k} at {x['streams']} streams: back after {x.get('restart_s')} s, "
                   f"{x.get('victim_streams')} streams affected, "
                   f"indices contiguous: {x.get('victims_contiguous')}, "
                   f"gaps in other streams: {x.get('others_gaps')}, exit {x.get('exit')}, "

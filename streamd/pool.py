@@ -144,10 +144,12 @@ class WorkerPool:
         self._resume: dict[str, Resume] = {}
         self.info: dict[str, Any] = {}  # the last "ready" message: engine and decoder in use
         self.announced = False  # every worker was ready and told to go (READY=1 sent)
-        # A built, idle worker that takes over the streams of one that dies (pipeline.spare_worker).
-        self.spare: WorkerSlot | None = None
-        self._spare_at = 0.0  # monotonic time from which a (new) spare may be started
-        self._want_spare = config.pipeline.spare_worker and len(self.workers) >= 2
+        # Per GPU the workers use, a built, idle worker that takes over the streams of one that dies there
+        # (pipeline.spare_worker): its engine is on that GPU, so no engine build on the way back.
+        self.spares: dict[int, WorkerSlot] = {}
+        self._spare_at: dict[int, float] = {}  # monotonic time from which a (new) spare may be started
+        want = config.pipeline.spare_worker and len(self.workers) >= 2
+        self._spare_devices = sorted({w.device for w in self.workers}) if want else []
         self._snapshots: dict[str, tuple[threading.Event, list[bytes | None]]] = {}  # pending page requests
         self._snapshot_lock = threading.Lock()
         self.sink_set: SinkSet | None = None
@@ -194,34 +196,40 @@ class WorkerPool:
         self.send(successor, ("adopt", old.stream_ids, resume))
 
     def drop_spare(self) -> None:
-        """End the spare (it holds an old model); a new one is built a few seconds later."""
-        if self.spare is not None:
-            self.send(self.spare, ("abort",))
-            self.spare, self._spare_at = None, time.monotonic() + 5.0
+        """End the spares (they hold an old model); new ones are built a few seconds later."""
+        for device, spare in list(self.spares.items()):
+            self.send(spare, ("abort",))
+            del self.spares[device]
+            self._spare_at[device] = time.monotonic() + 5.0
 
     def keep_spare(self) -> None:
-        """Once every worker runs, keep one spare built; replace it when it dies."""
-        if not self._want_spare or not self.announced or self.stop.is_set():
+        """Once every worker runs, keep one spare built per GPU in use; replace one that dies."""
+        if not self._spare_devices or not self.announced or self.stop.is_set():
             return
-        spare = self.spare
-        if spare is not None and (spare.alive or spare.process is None):
-            return
-        if spare is not None and spare.error is not None:
-            log.warning("spare worker could not start (%s); running without a spare", spare.error[1])
-            self.spare, self._want_spare = None, False
-            return
-        if spare is not None:  # it died while idle
-            log.warning("spare worker (pid %d) died; starting another", spare.process.pid)
-            self.spare, self._spare_at = None, time.monotonic() + 5.0
-            return
-        if time.monotonic() >= self._spare_at:
-            self.spare = WorkerSlot(-1, (), self.workers[0].device)
-            self.spawn(self.spare, hold=True)
+        for device in list(self._spare_devices):
+            spare = self.spares.get(device)
+            if spare is not None and (spare.alive or spare.process is None):
+                continue
+            if spare is not None and spare.error is not None:
+                why = spare.error[1]
+                log.warning("spare worker on GPU %d could not start (%s); none there", device, why)
+                del self.spares[device]
+                self._spare_devices.remove(device)
+                continue
+            if spare is not None:  # it died while idle
+                log.warning("spare worker (pid %d) died; starting another", spare.process.pid)
+                del self.spares[device]
+                self._spare_at[device] = time.monotonic() + 5.0
+                continue
+            if time.monotonic() >= self._spare_at.get(device, 0.0):
+                self.spares[device] = spare = WorkerSlot(-1, (), device)
+                self.spawn(spare, hold=True)
 
     def _adopt(self, dead: WorkerSlot) -> bool:
-        """Hand a dead worker's streams to the spare (already built: no engine build on the way back)."""
-        spare = self.spare
-        if spare is None or not spare.ready or not spare.alive or spare.device != dead.device:
+        """Hand a dead worker's streams to the spare on its GPU (already built: no engine build on the way
+        back)."""
+        spare = self.spares.get(dead.device)
+        if spare is None or not spare.ready or not spare.alive:
             return False
         resume = self.resume_for(dead.stream_ids)
         spare.index, spare.stream_ids = dead.index, dead.stream_ids
@@ -233,7 +241,8 @@ class WorkerPool:
         spare.ready = False  # ready again once its streams run
         for sid in dead.stream_ids:
             self.owner[sid] = spare
-        self.spare, self._spare_at = None, time.monotonic() + 1.0
+        del self.spares[dead.device]
+        self._spare_at[dead.device] = time.monotonic() + 1.0
         self.send(spare, ("adopt", dead.stream_ids, resume))
         return True
 
@@ -285,7 +294,7 @@ class WorkerPool:
                 self.info = message[1]
                 w.ready, w.ready_at = True, time.monotonic()
                 if w.index < 0:  # the spare, built and idle
-                    log.info("spare worker ready (pid %d)", message[1]["pid"])
+                    log.info("spare worker ready on GPU %d (pid %d)", w.device, message[1]["pid"])
                     continue
                 log.info(
                     "worker %d %s (pid %d): stream(s) %s",
@@ -402,7 +411,7 @@ class WorkerPool:
 
     def stop_workers(self, *, abort: bool, quiet: bool = False) -> None:
         """Ask every worker to finish; wait for the drain (bounded), then end what is left."""
-        everyone = [*self.workers, *([self.spare] if self.spare is not None else [])]
+        everyone = [*self.workers, *self.spares.values()]
         for w in everyone:
             self.send(w, ("abort",) if abort else ("stop",))
         deadline = time.monotonic() + (5.0 if abort else self.DRAIN_S)

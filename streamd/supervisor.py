@@ -78,8 +78,9 @@ class Supervisor:
         return self.pool.workers
 
     @property
-    def spare(self) -> WorkerSlot | None:
-        return self.pool.spare
+    def spares(self) -> dict[int, WorkerSlot]:
+        """The idle spare worker of each GPU in use, by device."""
+        return self.pool.spares
 
     @property
     def last_result_at(self) -> float:

@@ -176,7 +176,7 @@ def test_counters_sum_every_process_that_carried_a_stream() -> None:
     pool._retire(w0)  # worker 0 died: its counters go to its base
     spare = WorkerSlot(-1, (), w0.device)
     spare.ready, spare.process = True, type("P", (), {"is_alive": lambda self: True, "pid": 0})()
-    pool.spare = spare
+    pool.spares[w0.device] = spare
     assert pool._adopt(w0) and pool.workers[0] is spare  # the spare took a and c, and their counters
     spare.stats = _stats(a=5, c=1)
     snap = sup.snapshot()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -42,6 +43,49 @@ def test_partition_round_robin_over_workers_and_devices() -> None:
         ROOT,
     )  # fmt: skip
     assert len(plan_workers(cpu)) == 1
+
+
+def test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own() -> None:
+    """No processes: the bookkeeping. Workers on GPUs 0 and 1 get one spare each (an engine is built on
+    one GPU, so a spare elsewhere could not take the streams without a new build); a dead worker goes to the
+    spare of its GPU only."""
+    from streamd.pool import WorkerSlot
+    from streamd.supervisor import Supervisor
+
+    sup = Supervisor(_config(4, 2, devices=[0, 1]), status_line=False)
+    pool = sup.pool
+    spawned: list[WorkerSlot] = []
+    pool.spawn = lambda w, hold=None: spawned.append(w)  # type: ignore[method-assign]
+    pool.keep_spare()
+    assert spawned == []  # not before every worker runs
+    pool.announced = True
+    pool.keep_spare()
+    assert sorted(w.device for w in spawned) == [0, 1] and all(w.index == -1 for w in spawned)
+    assert sorted(sup.spares) == [0, 1]
+    alive = type("P", (), {"is_alive": lambda self: True, "pid": 0})()
+    for spare in spawned:
+        spare.ready, spare.process = True, alive
+    pool.keep_spare()
+    assert len(spawned) == 2  # both built: nothing more
+    w0, w1 = pool.workers
+    on_gpu1 = sup.spares[1]
+    assert pool._adopt(w1) and pool.workers[1] is on_gpu1 and on_gpu1.stream_ids == ("s1", "s3")
+    assert sorted(sup.spares) == [0]  # GPU 1's spare is used; GPU 0's waits for a worker there
+    assert not pool._adopt(WorkerSlot(5, ("x",), 1))  # none left on GPU 1: the caller restarts it there
+    assert pool._adopt(w0) and pool.workers[0].device == 0 and sup.spares == {}
+
+
+def test_no_spare_with_one_worker_or_when_turned_off() -> None:
+    from streamd.supervisor import Supervisor
+
+    two = _config(4, 2, devices=[0, 1])
+    turned_off = dataclasses.replace(two, pipeline=dataclasses.replace(two.pipeline, spare_worker=False))
+    for cfg in (_config(4, 1), turned_off):
+        pool = Supervisor(cfg, status_line=False).pool
+        pool.spawn = lambda w, hold=None: pytest.fail("a spare was started")  # type: ignore[method-assign]
+        pool.announced = True
+        pool.keep_spare()
+        assert pool.spares == {}
 
 
 def _lines(path) -> dict[str, list[dict]]:

@@ -22,6 +22,10 @@
 #                                           # ~7 min with 2c, ~2 min without)
 #   tools/gpu_session.sh profile            # the pipelined rows PROFILE="1:2 32:2" (batch:engine) under
 #                                           # py-spy --gil (its wheel in .prof/, carried): $OUT/gil-*.txt.gz
+#   tools/gpu_session.sh multi-gpu [N...]  # on a 2-GPU box: tests/pipeline/gpu/test_multi_gpu_gpu.py (TEST_DIRS
+#                                           # replaces it), live rows at N streams (default 240; OVERLOAD="M" adds
+#                                           # rows without a spare) with the workers over GPUs 0 and 1, and kill -9
+#                                           # of worker 1 (on GPU 1: its spare) at RESTART=64 streams (~8 min)
 #   tools/gpu_session.sh rest               # 1 stream, pipelined (device + host frames, engine lanes 1 and
 #                                           # 2, lanes 2 compiled), tests/gpu, tests/engines/gpu and
 #                                           # tests/pipeline/gpu
@@ -149,5 +153,15 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
             gzip -f "$OUT/gil-${spec/:/-}.txt"
         done
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest" >&2; exit 2 ;;
+    multi-gpu)  # on a 2-GPU box (device kind nvidia-h200-x2): live rows with the workers over GPUs 0 and 1
+        install; shift
+        work=/tmp/gs-multi; mkdir -p "$work"
+        OUT="$work" WHEEL_DIR=/nonexistent TEST_DIRS="${TEST_DIRS:-tests/pipeline/gpu/test_multi_gpu_gpu.py}" \
+BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceiling-processes 0 --devices 0 1 \
+--warmup ${WARMUP:-40} --streams ${*:-240} --overload ${OVERLOAD:-} --restart ${RESTART:-64} --restart-worker 1" \
+            STEP_TIMEOUT=${STEP_TIMEOUT:-540} tools/gpu_run.sh
+        cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
+        pack "$work"
+        ;;
+    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest | multi-gpu [N...]" >&2; exit 2 ;;
 esac
