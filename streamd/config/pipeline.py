@@ -39,7 +39,7 @@ class PipelineConfig:
     spare_worker: bool = opt(
         True,
         "keep one extra worker built and idle, so a worker that dies is replaced in about a second",
-        note="only with 2 or more workers; costs one engine's memory",
+        note="only with 2 or more workers; one per GPU in use, each costs one engine's memory",
     )
     devices: tuple[int, ...] = opt(
         (),
