@@ -8,7 +8,7 @@
 #                                           # beside it (SOAK_TESTS="tests/..." runs those suites beside it);
 #                                           # returns after WAIT s with its samples so far
 #   tools/gpu_session.sh soak-collect W     # (next call, machine still warm) waits up to W s for the soak,
-#                                           # results to $OUT, then `past-capacity`
+#                                           # results to $OUT, then `past-capacity` (not with SOAK_ONLY=1)
 #   tools/gpu_session.sh past-capacity      # decode-only ceiling (16 processes x 16 decoders), streamd unpaced
 #                                           # at 256 streams, then live streams offered 1.3x the higher (~6 min)
 #   tools/gpu_session.sh overload N...     # live rows at N streams (no spare), 40 s warm-up each: the ramp's
@@ -92,6 +92,7 @@ case "${1:-}" in
         cp "$SOAK"/bench_live.md "$OUT"/soak.md; cp "$SOAK"/bench_live.json "$OUT"/soak.json
         cp "$SOAK/log" "$OUT"/soak.log
         cat "$SOAK/bench_live.md" 2>/dev/null || tail -30 "$SOAK/log"
+        [[ -n "${SOAK_ONLY:-}" ]] && exit 0  # SOAK_ONLY=1: not past-capacity after it
         if ((SECONDS > 200)); then echo "past-capacity left for the next call (${SECONDS} s used)"; exit 0; fi
         STEP_TIMEOUT=$((585 - SECONDS)) exec "$0" past-capacity
         ;;
