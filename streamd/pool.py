@@ -148,8 +148,8 @@ class WorkerPool:
         # (pipeline.spare_worker): its engine is on that GPU, so no engine build on the way back.
         self.spares: dict[int, WorkerSlot] = {}
         self._spare_at: dict[int, float] = {}  # monotonic time from which a (new) spare may be started
-        want = config.pipeline.spare_worker and len(self.workers) >= 2
-        self._spare_devices = sorted({w.device for w in self.workers}) if want else []
+        self._want_spare = config.pipeline.spare_worker and len(self.workers) >= 2
+        self._no_spare: set[int] = set()  # GPUs where a spare could not start
         self._snapshots: dict[str, tuple[threading.Event, list[bytes | None]]] = {}  # pending page requests
         self._snapshot_lock = threading.Lock()
         self.sink_set: SinkSet | None = None
@@ -203,10 +203,12 @@ class WorkerPool:
             self._spare_at[device] = time.monotonic() + 5.0
 
     def keep_spare(self) -> None:
-        """Once every worker runs, keep one spare built per GPU in use; replace one that dies."""
-        if not self._spare_devices or not self.announced or self.stop.is_set():
+        """Once every worker runs, keep one spare built per GPU in use (a reload may add workers on another
+        GPU); replace one that dies."""
+        if not self._want_spare or not self.announced or self.stop.is_set():
             return
-        for device in list(self._spare_devices):
+        in_use = {w.device for w in self.workers if not (w.done or w.gave_up)}
+        for device in sorted(in_use - self._no_spare):
             spare = self.spares.get(device)
             if spare is not None and (spare.alive or spare.process is None):
                 continue
@@ -214,7 +216,7 @@ class WorkerPool:
                 why = spare.error[1]
                 log.warning("spare worker on GPU %d could not start (%s); none there", device, why)
                 del self.spares[device]
-                self._spare_devices.remove(device)
+                self._no_spare.add(device)
                 continue
             if spare is not None:  # it died while idle
                 log.warning("spare worker (pid %d) died; starting another", spare.process.pid)

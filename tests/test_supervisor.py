@@ -73,6 +73,20 @@ def test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own() -> None:
     assert sorted(sup.spares) == [0]  # GPU 1's spare is used; GPU 0's waits for a worker there
     assert not pool._adopt(WorkerSlot(5, ("x",), 1))  # none left on GPU 1: the caller restarts it there
     assert pool._adopt(w0) and pool.workers[0].device == 0 and sup.spares == {}
+    # A spare that cannot start on a GPU (e.g. out of memory there) is not tried again on it; a worker a
+    # reload adds on another GPU gets one there.
+    spawned.clear()
+    pool._spare_at.clear()
+    pool.keep_spare()
+    assert sorted(w.device for w in spawned) == [0, 1]
+    failed = sup.spares[0]
+    failed.error, failed.process = (1, "CUDA out of memory"), type("P", (), {"is_alive": lambda _: False})()
+    pool.workers.append(WorkerSlot(2, ("s9",), 2))
+    spawned.clear()
+    pool.keep_spare()
+    assert [w.device for w in spawned] == [2] and sorted(sup.spares) == [1, 2]
+    pool.keep_spare()
+    assert [w.device for w in spawned] == [2]  # none again on GPU 0
 
 
 def test_no_spare_with_one_worker_or_when_turned_off() -> None:
