@@ -1,0 +1,49 @@
+"""bench/bench_live.py on the CPU: the benchmark of record runs end to end (a real `streamd run` with ONNX
+Runtime, paced streams, a kill -9 of a worker) and picks the largest clean stream count by its rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.bench_live import largest_clean
+from tests.conftest import CLIP, ROOT
+
+
+def _row(n: int, **kw) -> dict:
+    row = {"streams": n, "realtime": True, "drops_in_window": 0, "p99_ms": 20.0, "streams_seen": n}
+    return {**row, "min_stream_share": 1.0, **kw}
+
+
+def test_largest_clean_needs_every_stream_carried_without_drops_in_time() -> None:
+    rows = [_row(64), _row(120, p99_ms=49.9), _row(160, p99_ms=50.1), _row(200, drops_in_window=3)]
+    assert largest_clean(rows) == 120
+    assert largest_clean([_row(64), _row(320, streams_seen=268)]) == 64  # 52 streams never got a decoder
+    assert largest_clean([_row(64), _row(96, min_stream_share=0.9)]) == 64  # behind, not dropping yet
+    assert largest_clean([_row(64), _row(96, realtime=False)]) == 64  # unpaced rows measure capacity
+    assert largest_clean([_row(64, error="not ready")]) is None
+
+
+@pytest.mark.slow
+def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_live.py", "--clip", str(CLIP), "--fps", "10", "--engine", "onnxruntime",
+         "--streams", "2", "--workers", "2", "--devices", "0", "1", "--restart", "2", "--restart-worker", "1",
+         "--ceiling-threads", "0", "--ceiling-processes", "0", "--warmup", "2", "--window", "4",
+         "--out", str(out), "--tmp", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((out / "bench_live.json").read_text())
+    (row,) = results["ramp"]
+    assert row["streams"] == 2 and row["devices"] == [0, 1] and row["delivered_fps"] > 0
+    assert row["exit"] == 0 and row["streams_seen"] == 2
+    assert results["largest_clean_streams"] == largest_clean(results["ramp"])
+    restart = results["restart"]
+    assert restart["killed_worker"] == 1 and restart["moved_to_spare"] and restart["victims_contiguous"]
+    assert restart["others_gaps"] == 0 and restart["exit"] == 0
+    assert "largest N with 0 drops and p99 <= 50 ms" in (out / "bench_live.md").read_text()
