@@ -48,6 +48,8 @@ from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 
 log = logging.getLogger(__name__)
+# Per stream at a rate window's mark: (results, decoded, dropped, running).
+Totals = dict[str, tuple[int, int, int, bool]]
 
 
 class Record(NamedTuple):
@@ -175,7 +177,7 @@ class Pipeline:
         self.latest = LatestFrames(config.model.class_names)
         # Rates over the last completed window of >= 2 s: results and decoded fps, and whether a live stream
         # is behind real time (decoding slower than its frame rate, or dropping): the box is overloaded.
-        self._mark: tuple[float, dict[str, tuple[int, int, int]]] = (time.monotonic(), {})
+        self._mark: tuple[float, Totals] = (time.monotonic(), {})
         self._rates: dict[str, tuple[float, float, bool]] = {}
         self.results = 0
         self._started = False
@@ -302,21 +304,23 @@ class Pipeline:
         return error or any(w.stats.state == "failed" for w in self.workers)
 
     def _window_rates(
-        self, before: dict[str, tuple[int, int, int]], totals: dict[str, tuple[int, int, int]], dt: float
+        self, before: Totals, totals: Totals, dt: float
     ) -> dict[str, tuple[float, float, bool]]:
         """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or
-        a file paced in real time) that decoded under 90 % of its frame rate, or dropped frames."""
+        a file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window
+        it ran all through (one that began mid-window, e.g. at a busy start, has not fallen behind)."""
         rates = {}
         for w in self.workers:
             sid = w.cfg.id
             if sid not in before or sid not in totals:
                 continue
-            (r0, d0, x0), (r1, d1, x1) = before[sid], totals[sid]
+            (r0, d0, x0, ran), (r1, d1, x1, _) = before[sid], totals[sid]
             fps, decode_fps = (r1 - r0) / dt, (d1 - d0) / dt
             live = w.cfg.is_live or w.cfg.realtime
             nominal = w.nominal_fps
             slow = nominal > 0 and decode_fps < 0.9 * nominal
-            rates[sid] = (fps, decode_fps, live and w.stats.state == "running" and (slow or x1 > x0))
+            behind = live and w.stats.state == "running" and ((ran and slow) or x1 > x0)
+            rates[sid] = (fps, decode_fps, behind)
         return rates
 
     def stats(self) -> dict[str, Any]:
@@ -327,7 +331,7 @@ class Pipeline:
         now = time.monotonic()
         mark, before = self._mark
         totals = {
-            w.cfg.id: (self.latency[w.cfg.id].results, w.stats.decoded, q.dropped)
+            w.cfg.id: (self.latency[w.cfg.id].results, w.stats.decoded, q.dropped, w.stats.state == "running")
             for w, q in zip(self.workers, queues, strict=False)
         }
         if now - mark >= 2.0:
@@ -338,13 +342,9 @@ class Pipeline:
             fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
             per_stream[sid] = {
                 "state": s.state,
-                "decoded": s.decoded,
+                **{k: getattr(s, k, 0) for k in ("decoded", "skipped", "decode_errors", "read_errors")},
+                **{k: getattr(s, k, 0) for k in ("reconnects", "stalls")},
                 "dropped": q.dropped,
-                "skipped": getattr(s, "skipped", 0),
-                "decode_errors": s.decode_errors,
-                "read_errors": s.read_errors,
-                "reconnects": s.reconnects,
-                "stalls": s.stalls,
                 "inferred": totals[sid][0],
                 "fps": round(fps, 2),
                 "decode_fps": round(decode_fps, 2),

@@ -268,3 +268,31 @@ def test_overload_is_reported(tmp_path, assets, caplog) -> None:
     assert all(snap["per_stream"][sid]["behind"] for sid in behind)
     assert "streamd: overloaded:" in caplog.text
     assert codes == [0]
+
+
+def test_a_stream_that_starts_mid_window_is_not_behind() -> None:
+    """No processes: a worker's rate windows. A live 30 fps stream is behind when it drops, or when it
+    decoded under 90 % of its rate in a window it ran all through; one that began running mid-window (as
+    hundreds do while their decoders are created at start-up) decoded less for that reason alone."""
+    from types import SimpleNamespace
+
+    from streamd.worker import Pipeline
+
+    def stream(sid: str, live: bool = True) -> SimpleNamespace:
+        cfg = SimpleNamespace(id=sid, is_live=live, realtime=False)
+        return SimpleNamespace(cfg=cfg, nominal_fps=30.0, stats=SimpleNamespace(state="running"))
+
+    pipeline = SimpleNamespace(workers=[stream(s) for s in "abcd"] + [stream("file", live=False)])
+    before = {"a": (0, 0, 0, False), "b": (0, 0, 0, True), "c": (0, 0, 0, True), "d": (0, 0, 0, False)}
+    before["file"] = (0, 0, 0, True)
+    after = {"a": (20, 20, 0, True), "b": (20, 20, 0, True), "c": (60, 60, 0, True), "d": (20, 20, 3, True)}
+    after["file"] = (20, 20, 0, True)
+    rates = Pipeline._window_rates(pipeline, before, after, 2.0)  # type: ignore[arg-type]
+    assert {sid: r[2] for sid, r in rates.items()} == {
+        "a": False,  # 10 fps, but it started in this window
+        "b": True,  # 10 fps all through the window
+        "c": False,  # 30 fps
+        "d": True,  # started in this window, but dropped frames: the pipeline is behind
+        "file": False,  # an unpaced file has no real time to keep up with
+    }
+    assert rates["b"][:2] == (10.0, 10.0)
