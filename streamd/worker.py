@@ -50,6 +50,7 @@ from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 log = logging.getLogger(__name__)
 # Per stream at a rate window's mark: (results, decoded, dropped, running).
 Totals = dict[str, tuple[int, int, int, bool]]
+STREAM_COUNTERS = ("decoded", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
 
 
 class Record(NamedTuple):
@@ -342,8 +343,7 @@ class Pipeline:
             fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
             per_stream[sid] = {
                 "state": s.state,
-                **{k: getattr(s, k, 0) for k in ("decoded", "skipped", "decode_errors", "read_errors")},
-                **{k: getattr(s, k, 0) for k in ("reconnects", "stalls")},
+                **{k: getattr(s, k) for k in STREAM_COUNTERS},
                 "dropped": q.dropped,
                 "inferred": totals[sid][0],
                 "fps": round(fps, 2),
