@@ -75,6 +75,20 @@ def test_each_failing_engine_gets_one_warning(broken_tensorrt, tiny, tmp_path, m
     assert warnings[0].endswith("falls back to torch") and warnings[1].endswith("falls back to onnxruntime")
 
 
+def test_auto_stops_at_a_config_error(broken_tensorrt, tiny, tmp_path, monkeypatch, caplog) -> None:
+    """A GPU that does not exist (pipeline.devices on a smaller box) is the config's fault: auto does not
+    hide it behind the CPU engine (a worker meant for a GPU running on the CPU), it fails with 78."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(EngineError) as info:
+        create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, device=1, **broken_tensorrt)
+    assert info.value.code == EX_CONFIG and "CUDA device 1 does not exist" in str(info.value)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w.split(" (")[0] for w in warnings] == ["engine: tensorrt could not be brought up"]
+
+
 def test_a_library_exception_becomes_an_engine_error(tiny, monkeypatch, tmp_path) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise MemoryError("out of device memory")

@@ -122,7 +122,7 @@ def create_engine(
             break
         except Exception as exc:
             error = _as_engine_error(name, exc)
-            if index + 1 == len(order):
+            if index + 1 == len(order) or error.code == EX_CONFIG:  # no other backend cures a config error
                 if error is exc:
                     raise
                 raise error from exc

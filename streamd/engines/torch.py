@@ -34,6 +34,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
+from streamd.exitcodes import EX_CONFIG
 from streamd.gpu.cuda import Stream
 from streamd.gpu.graph_cache import MAX_GRAPHS, GraphCache
 
@@ -248,6 +249,13 @@ class TorchEngine:
         on_cpu = device == "cpu"
         if not on_cpu and not torch.cuda.is_available():
             raise EngineError("engine.type torch: torch sees no CUDA device (use onnxruntime on the CPU)")
+        count = 0 if on_cpu else torch.cuda.device_count()
+        if not on_cpu and not 0 <= int(device) < count:
+            raise EngineError(
+                f"CUDA device {device} does not exist: this process sees {count} (0..{count - 1}); check "
+                "engine.device, pipeline.devices and CUDA_VISIBLE_DEVICES",
+                EX_CONFIG,
+            )
         self.device = torch.device("cpu") if on_cpu else torch.device("cuda", int(device))
         self.on_device = not on_cpu
         self.half = precision == "fp16" and not on_cpu

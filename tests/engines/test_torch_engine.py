@@ -126,3 +126,19 @@ def test_gpu_engine_needs_cuda(torch_ready, models, monkeypatch):
         TorchEngine(models["dynamic"], max_batch=2, device=0)
     with pytest.raises(EngineError, match="int8"):
         TorchEngine(models["dynamic"], max_batch=2, precision="int8", device="cpu")
+
+
+def test_a_device_that_does_not_exist_is_a_config_error(torch_ready, models, monkeypatch):
+    """pipeline.devices: [0, 1] on a one-GPU box: the worker on device 1 ends with one line and exit 78
+    before it converts the model or touches CUDA."""
+    from streamd.engines.torch import TorchEngine
+    from streamd.exitcodes import EX_CONFIG
+
+    monkeypatch.setattr(torch_ready.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch_ready.cuda, "device_count", lambda: 1)
+    for device in (1, -1):
+        with pytest.raises(EngineError, match=rf"CUDA device {device} does not exist: this process sees 1"):
+            TorchEngine(models["dynamic"], max_batch=2, device=device)
+    with pytest.raises(EngineError, match=r"pipeline\.devices") as e:
+        TorchEngine(models["dynamic"], max_batch=2, device=2)
+    assert e.value.code == EX_CONFIG
