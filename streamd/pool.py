@@ -28,21 +28,12 @@ from typing import Any
 
 from streamd.config import Config
 from streamd.sinks import SinkSet
-from streamd.worker import Record, Resume, WorkerSpec, worker_main
+from streamd.worker import STREAM_COUNTERS, Record, Resume, WorkerSpec, worker_main
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
 
 STREAMS_PER_WORKER = 16  # what one process carries cleanly on an H200 (live 1080p30, see bench/RESULTS.md)
-COUNTERS = (
-    "decoded",
-    "inferred",
-    "dropped",
-    "skipped",
-    "decode_errors",
-    "read_errors",
-    "reconnects",
-    "stalls",
-)
+COUNTERS = ("inferred", "dropped", *STREAM_COUNTERS)
 
 
 def add_counters(into: dict[str, int], stats: Mapping[str, Any]) -> None:

@@ -48,8 +48,8 @@ from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 
 log = logging.getLogger(__name__)
-# Per stream at a rate window's mark: (results, decoded, dropped, running).
-Totals = dict[str, tuple[int, int, int, bool]]
+Totals = dict[str, tuple[int, int, int, bool]]  # per stream at a mark: results, decoded, dropped, running?
+# A stream's StreamStats counters a worker reports (streamd.pool.COUNTERS adds inferred and dropped).
 STREAM_COUNTERS = ("decoded", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
 
 

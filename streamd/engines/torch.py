@@ -247,15 +247,16 @@ class TorchEngine:
         if precision == "int8":
             raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model")
         on_cpu = device == "cpu"
-        if not on_cpu and not torch.cuda.is_available():
-            raise EngineError("engine.type torch: torch sees no CUDA device (use onnxruntime on the CPU)")
-        count = 0 if on_cpu else torch.cuda.device_count()
-        if not on_cpu and not 0 <= int(device) < count:
-            raise EngineError(
-                f"CUDA device {device} does not exist: this process sees {count} (0..{count - 1}); check "
-                "engine.device, pipeline.devices and CUDA_VISIBLE_DEVICES",
-                EX_CONFIG,
-            )
+        if not on_cpu:
+            if not torch.cuda.is_available():
+                raise EngineError("engine.type torch: torch sees no CUDA device (use onnxruntime on the CPU)")
+            count = torch.cuda.device_count()
+            if not 0 <= int(device) < count:
+                raise EngineError(
+                    f"CUDA device {device} does not exist: this process sees {count} (0..{count - 1}); check "
+                    "engine.device, pipeline.devices and CUDA_VISIBLE_DEVICES",
+                    EX_CONFIG,
+                )
         self.device = torch.device("cpu") if on_cpu else torch.device("cuda", int(device))
         self.on_device = not on_cpu
         self.half = precision == "fp16" and not on_cpu
