@@ -1,4 +1,5 @@
-"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``, ``streamd build-engine [CONFIG]``.
+"""Command line: ``streamd run [CONFIG]``, ``streamd check CONFIG``, ``streamd build-engine [CONFIG]``,
+``streamd reload --pid PID`` (``systemctl reload``: signal the daemon, exit 1 when it refused the config).
 
 Every start-up failure ends here as one line on stderr and a documented exit code (``streamd/exitcodes.py``):
 a bad config or a model that does not fit it 78, a missing GPU/driver/engine 69, an output that cannot be
@@ -51,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not open the model file (check the config alone, e.g. on a box without the model)",
     )
+    reload = sub.add_parser(
+        "reload", help="ask a running daemon to reload its config and wait for the outcome (0 = applied)"
+    )
+    reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
+    reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the outcome")
     from streamd.engines.build import add_build_engine_parser  # argparse only; TensorRT loads on use
 
     add_build_engine_parser(sub)
@@ -61,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, _stop_early) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         args = _parser().parse_args(argv)
+        if args.command == "reload":  # a client of the running daemon: no config of its own
+            from streamd.control import request_reload
+
+            return request_reload(args.pid, args.timeout)
         return _main(args, args.command or "run")
     except StartupError as exc:
         print(f"streamd: {exc}", file=sys.stderr)

@@ -28,7 +28,7 @@ import threading
 import time
 from types import FrameType
 
-from streamd import logutil, status, systemd
+from streamd import control, logutil, status, systemd
 from streamd.config import Config
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.metrics import MetricsServer
@@ -61,6 +61,8 @@ class Supervisor:
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
         self._overloaded = False
+        self._reloads = 0  # generation of the reload outcome (streamd.control): SIGHUPs handled
+        self._last_health = 0.0
         usec = systemd.watchdog_usec()
         self._watchdog_s = usec / 1e6 if usec else 0.0
 
@@ -187,6 +189,7 @@ class Supervisor:
                 self.ready_at = time.perf_counter()
                 engine, decoder = self.pool.info.get("engine", "?"), self.pool.info.get("decoder", "?")
                 log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
+                control.write_outcome(0, True, "started")  # the baseline `streamd reload` waits past
                 systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
             if self.stop.is_set():
                 for _, successor in self._switches:  # a model switch still building: not needed any more
@@ -257,14 +260,18 @@ class Supervisor:
         /metrics counters never go back). A removed stream's counts stay in the run's totals; if it is
         added back, it continues too."""
         systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        ok, message = False, "reload failed; the running config stays"
         try:
-            self._apply_reload()
+            ok, message = self._apply_reload()
         except Exception:  # a reload must never take the running streams down
             log.exception("reload failed; the running config stays")
         finally:
+            self._reloads += 1
+            control.write_outcome(self._reloads, ok, message)  # what `streamd reload` waits for
             systemd.notify("READY=1", f"STATUS=running {len(self.config.streams)} stream(s)")
 
-    def _apply_reload(self) -> None:
+    def _apply_reload(self) -> tuple[bool, str]:
+        """Returns (applied, one line saying what was applied or why the config was refused)."""
         running = self.config
         path = None if running.source == "<bundled demo>" else running.source
         new, problems = reread(path, running)
@@ -272,14 +279,14 @@ class Supervisor:
             log.error("reload refused (%d problem(s)); the running config stays:", len(problems))
             for problem in problems:
                 log.error("  %s", problem)
-            return
+            return False, f"refused ({len(problems)} problem(s)): " + "; ".join(problems)
         plan = plan_reload(running, new)
         if plan.sinks_changed and self.sink_set is not None:
             try:
                 self.sink_set.reconfigure(new.sinks)
             except StartupError as exc:
                 log.error("reload refused: %s; the running config stays", exc)
-                return
+                return False, f"refused: {exc}"
             self.sinks = self.sink_set.sinks
         # What a reload applies: streams, sinks, model/engine/tracking; pipeline and metrics need a restart.
         self.config = dataclasses.replace(
@@ -322,9 +329,12 @@ class Supervisor:
             self._waiting.append(starting)
         self._spawn_waiting()
         log.info("reload: %s", plan.describe())
+        message = f"applied: {plan.describe()}"
         if plan.needs_restart:
             what = ", ".join(plan.needs_restart)
             log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
+            message += f" ({what} changed: needs a restart, kept the running one)"
+        return True, message
 
     def _switch_model(self) -> None:
         """A new model or engine: beside each running worker a successor builds the new engine (held, no
@@ -416,13 +426,16 @@ class Supervisor:
         if watchdog_due and self.pool.announced and not status.stalled(self.workers, now, self.STALL_S):
             systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
             self._last_ping = now
-        if self._reopen.is_set():
+        if self._reopen.is_set() and self.pool.announced:  # a SIGHUP during start-up waits for READY
             self._reopen.clear()
             if self.sink_set is not None:
                 self.sink_set.reopen()
-            if self.pool.announced and not self.stop.is_set():
+            if not self.stop.is_set():
                 self._reload()
         self._spawn_waiting()
+        if now - self._last_health >= 1.0 and self.sink_set is not None and self.pool.announced:
+            self._last_health = now  # MQTT's retained per-stream status follows each stream's health
+            self.sink_set.stream_health(self.snapshot()["per_stream"])
         if now - self._last_status >= 5:
             s = self.snapshot()
             behind = s["overloaded"]

@@ -351,6 +351,8 @@ class Pipeline:
                 "behind": behind,
                 "latency": self.latency[sid].to_dict(),
                 "decoder": s.decoder,
+                "last_error": s.last_error,
+                "last_packet_age_s": s.last_packet_age_s,
             }
         sched = self.scheduler
         return {

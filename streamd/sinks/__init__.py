@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from streamd.config.sinks import (
     HttpSinkConfig,
@@ -139,6 +140,11 @@ class SinkSet:
     def stream_removed(self, stream_id: str) -> None:
         for s in self.sinks:
             s.stream_removed(stream_id)
+
+    def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
+        """Once a second from the supervisor: each stream's snapshot entry (state, last_error, ...)."""
+        for s in self.sinks:
+            s.stream_health(per_stream)
 
     def close(self, timeout: float = 10.0) -> None:
         """Drain and close every sink at the same time: a stop takes one ``timeout``, not one per sink

@@ -22,7 +22,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class LineSink:
 
     def stream_removed(self, stream_id: str) -> None:
         """A reload removed the stream (MQTT marks it offline); a no-op for most sinks."""
+
+    def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each stream's state once a second (MQTT's retained status follows it); a no-op for most sinks."""
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, flush and close; gives up after ``timeout`` seconds (counted as dropped)."""
