@@ -106,23 +106,32 @@ def _main(args: argparse.Namespace, command: str) -> int:
         return EX_CONFIG
 
 
+def _check(path: str, model: bool) -> int:
+    """``streamd check``: the config; with ``model``, the model file against it (onnx is imported only then,
+    so that ``--no-model`` stays quick)."""
+    from streamd.config import ConfigError, load_config
+
+    config = load_config(path, model_file=model)
+    summary = ""
+    if model:
+        from streamd.model_check import check_model
+
+        report = check_model(config)
+        if report.problems:
+            raise ConfigError(report.problems)
+        for note in report.notes:
+            print(f"streamd: note: {note}", file=sys.stderr)
+        summary = f"; {report.summary}"
+    print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
+    return EX_OK
+
+
 def _command(args: argparse.Namespace, command: str) -> int:
     from streamd.config import ConfigError, load_config
 
-    config = load_config(getattr(args, "config", None))
     if command == "check":
-        summary = ""
-        if not args.no_model:
-            from streamd.model_check import check_model
-
-            report = check_model(config)
-            if report.problems:
-                raise ConfigError(report.problems)
-            for note in report.notes:
-                print(f"streamd: note: {note}", file=sys.stderr)
-            summary = f"; {report.summary}"
-        print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
-        return EX_OK
+        return _check(args.config, model=not args.no_model)
+    config = load_config(getattr(args, "config", None))
     level = (getattr(args, "log_level", None) or config.log_level).upper()
     if command == "build-engine":
         from streamd.engines.build import run_build_engine

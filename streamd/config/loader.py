@@ -86,10 +86,11 @@ def _is_extension_key(key: str) -> bool:
     return key.startswith("x-")
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+def load_config(path: str | os.PathLike[str] | None = None, *, model_file: bool = True) -> Config:
     """Read and check a YAML config file; None = the bundled demo (configs/demo.yaml).
 
     Raises ConfigError with every problem found (file not readable, YAML syntax, schema, files missing).
+    ``model_file`` False: ``model.path`` need not exist (``streamd check --no-model``).
     """
     file = BUNDLED_DEMO if path is None else Path(os.fspath(path))
     label = str(file) if path is None else os.fspath(path)
@@ -109,7 +110,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     problems = Problems(label, file.absolute().parent, marks)
     for key, message in duplicates:
         problems.add(key, message)
-    config = _parse(data, problems)
+    config = _parse(data, problems, model_file)
     return dataclasses.replace(config, source="<bundled demo>" if path is None else label)
 
 
@@ -121,7 +122,7 @@ def parse_config(
     return _parse(data, Problems(source, Path(base_dir).absolute(), marks or {}))
 
 
-def _parse(data: object, problems: Problems) -> Config:
+def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
     if data is None:
         problems.add("", "the config is empty; it needs at least a streams: list (see configs/demo.yaml)")
         raise ConfigError(problems.messages())
@@ -132,7 +133,7 @@ def _parse(data: object, problems: Problems) -> Config:
         raise ConfigError(problems.messages())
     check_keys(data, TOP_KEYS, "", problems, ignore=_is_extension_key, homes=_SECTION_OF)
     base_dir = problems.base_dir
-    model = parse_model(data.get("model"), problems, base_dir)
+    model = parse_model(data.get("model"), problems, base_dir, model_file)
     tracking = parse_tracking(data.get("tracking"), problems)
     if "streams" in data:  # after model and tracking: streams name classes and override tracking keys
         streams = parse_streams(data["streams"], problems, base_dir, model.class_names, tracking)

@@ -15,6 +15,7 @@ from streamd.config._fields import (
     opt,
     path_text,
     read_section,
+    resolve_path,
     suggest,
 )
 from streamd.config.coco import COCO_NAMES
@@ -203,17 +204,24 @@ def _names_from_file(file: Path, path: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
-    """Check the ``model:`` section (absent or empty = all defaults)."""
+def model_path(value: object, path: str, base_dir: Path, must_exist: bool = True) -> Path:
+    """``model.path`` resolved; ``must_exist`` False (``check --no-model``): a missing file is accepted."""
+    raw = path_text(value, path, "the path of the model file")
+    if not must_exist and not resolve_path(raw, base_dir).exists():
+        return resolve_path(raw, base_dir)
+    return existing_file(raw, path, base_dir, "model file")
+
+
+def parse_model(raw: object, problems: Problems, base_dir: Path, model_file: bool = True) -> ModelConfig:
+    """Check the ``model:`` section (absent or empty = all defaults). ``model_file`` False: the model file
+    need not exist (the settings it states about itself are read only where it does)."""
     given = read_section(
         ModelConfig,
         {} if raw is None else raw,
         "model",
         problems,
         special={
-            "path": lambda v, p: existing_file(
-                path_text(v, p, "the path of the model file"), p, base_dir, "model file"
-            ),
+            "path": lambda v, p: model_path(v, p, base_dir, model_file),
             "class_names": lambda v, p: check_class_names(v, p, base_dir),
             "classes": class_list,
             "class_thresholds": _thresholds_mapping,
@@ -221,7 +229,7 @@ def parse_model(raw: object, problems: Problems, base_dir: Path) -> ModelConfig:
     )
     if given is None:
         return ModelConfig()
-    if "path" not in given and problems.ok("model.path") and not DEFAULT_MODEL.is_file():
+    if "path" not in given and model_file and problems.ok("model.path") and not DEFAULT_MODEL.is_file():
         problems.add(
             "model.path",
             f"not set, and the default model {str(DEFAULT_MODEL)!r} is missing; "
