@@ -1,6 +1,7 @@
 """Metrics, health and the status page over HTTP on one port (default 127.0.0.1:9108).
 
-``GET /metrics`` (Prometheus text from prometheus-client), ``GET /healthz`` (JSON, 503 when unhealthy),
+``GET /metrics`` (Prometheus text from prometheus-client), ``GET /healthz`` (JSON: ``status`` ok | degraded |
+unhealthy with the streams that are down and why; 503 when unhealthy, see ``health``),
 ``GET /`` (status page), ``GET /api/status`` (the page's JSON), ``GET /streams/{id}/snapshot.jpg`` (the latest
 frame of a stream with its boxes). One daemon thread per request; this module knows nothing about the
 pipeline: every number comes from the supervisor's ``snapshot()`` dict, read at scrape time.
@@ -12,7 +13,11 @@ The snapshot dict (every key optional except ``per_stream``)::
     stalled: bool                      the pipeline is wedged (streams run, no result for a while)
     per_stream: {stream_id: {
         state: str                     starting | running | reconnecting | no_decoder | stalled | ended |
-                                       failed (no_decoder: waiting for room on the GPU's decoders)
+                                       failed | restarting | unresponsive (no_decoder: waiting for room on
+                                       the GPU's decoders; the last two: its worker process)
+        health: str, health_reason: str   ok | starting | ended | down, and why (status.stream_health;
+                                       derived from state when absent)
+        stale: bool, last_packet_age_s: float | None, last_error: str
         stalled: bool                  this stream delivers nothing although it should (or state 'stalled')
         worker: str | int              the worker process carrying the stream (a label)
         decoded, inferred, skipped, dropped, decode_errors, read_errors, reconnects, stalls: int (counters)
@@ -62,7 +67,19 @@ log = logging.getLogger(__name__)
 Snapshot = Callable[[], dict]
 FrameSnapshot = Callable[[str], "bytes | None"]
 
-STATES = ("starting", "running", "reconnecting", "no_decoder", "stalled", "ended", "failed")
+STATES = (
+    "starting",
+    "running",
+    "reconnecting",
+    "no_decoder",
+    "stalled",
+    "ended",
+    "failed",
+    "restarting",
+    "unresponsive",
+)
+HEALTHS = ("ok", "starting", "ended", "down")  # status.HEALTHS
+STREAM_DOWN = ("degraded", "unhealthy")  # metrics.stream_down
 COUNTERS = {
     "decoded": "Frames decoded.",
     "inferred": "Frames that went through the detector.",
@@ -79,33 +96,60 @@ def stream_stalled(stats: Mapping[str, Any]) -> bool:
     return bool(stats.get("stalled")) or stats.get("state") == "stalled"
 
 
-def health(snapshot: Mapping[str, Any]) -> tuple[bool, dict]:
-    """(healthy, body): unhealthy when the pipeline is wedged or any stream is stalled."""
+def stream_health(stats: Mapping[str, Any]) -> tuple[str, str]:
+    """(health, reason) of a stream: the snapshot's own (``status.stream_health``), else derived from its
+    state here (a snapshot built by hand)."""
+    if "health" in stats:
+        return str(stats["health"]), str(stats.get("health_reason") or "")
+    from streamd.status import stream_health as derive
+
+    health, reason, _stale = derive(stats)
+    return health, reason
+
+
+def health(snapshot: Mapping[str, Any], stream_down: str = "degraded") -> tuple[bool, dict]:
+    """(healthy, body). ``status`` is ``ok`` (every stream delivering, or starting, or ended), ``degraded``
+    (some streams down: named in ``down_streams`` with the reason; HTTP 200 unless ``stream_down`` is
+    ``unhealthy``) or ``unhealthy`` (HTTP 503: the pipeline is wedged, or every stream that should deliver is
+    down, or some stream is down and ``stream_down`` is ``unhealthy``). ``ok`` is true only for ``ok``."""
     per_stream = snapshot.get("per_stream", {})
-    streams = {
-        sid: {
+    streams = {}
+    for sid, s in per_stream.items():
+        h, reason = stream_health(s)
+        streams[sid] = {
             "state": s.get("state"),
+            "health": h,
+            **({"reason": reason} if reason else {}),
             "stalled": stream_stalled(s),
+            "stale": bool(s.get("stale")),
+            "last_packet_age_s": s.get("last_packet_age_s"),
+            "last_error": s.get("last_error") or None,
             "fps": round(float(s.get("fps", 0.0)), 2),
             "decoded": s.get("decoded", 0),
             "dropped": s.get("dropped", 0),
             "reconnects": s.get("reconnects", 0),
             **({"worker": s["worker"]} if "worker" in s else {}),
         }
-        for sid, s in per_stream.items()
-    }
     wedged = bool(snapshot.get("stalled"))
-    stalled = sorted(sid for sid, s in streams.items() if s["stalled"])
-    ok = not wedged and not stalled
+    down = {sid: s.get("reason", "") for sid, s in streams.items() if s["health"] == "down"}
+    alive = [sid for sid, s in streams.items() if s["health"] in ("ok", "starting")]
+    if wedged or (down and not alive) or (down and stream_down == "unhealthy"):
+        state = "unhealthy"
+    elif down:
+        state = "degraded"
+    else:
+        state = "ok"
     body = {
-        "ok": ok,
+        "ok": state == "ok",
+        "status": state,
         "pipeline_wedged": wedged,
-        "stalled_streams": stalled,
+        "down_streams": down,
+        "stalled_streams": sorted(sid for sid, s in streams.items() if s["stalled"]),
         "results": snapshot.get("results", 0),
         "running_streams": [sid for sid, s in streams.items() if s["state"] == "running"],
         "streams": streams,
     }
-    return ok, body
+    return state != "unhealthy", body
 
 
 def rss_bytes() -> int:
@@ -212,7 +256,22 @@ class SnapshotCollector:
         fps = GaugeMetricFamily(
             "streamd_stream_fps", "Results per second of the stream (recent).", labels=labels
         )
-        up = GaugeMetricFamily("streamd_stream_up", "1 while the stream is delivering frames.", labels=labels)
+        up = GaugeMetricFamily(
+            "streamd_stream_up",
+            "1 while the stream is delivering (running, packets fresh); 0 while starting, down or ended.",
+            labels=labels,
+        )
+        health_family = GaugeMetricFamily(
+            "streamd_stream_health",
+            "1 for the stream's current health: ok | starting | ended | down (refused, reconnecting, stale, "
+            "failed, its worker restarting or not answering).",
+            labels=[*labels, "health"],
+        )
+        age = GaugeMetricFamily(
+            "streamd_stream_last_packet_age_seconds",
+            "Seconds since the stream's last packet arrived (absent before the first).",
+            labels=labels,
+        )
         state = GaugeMetricFamily(
             "streamd_stream_state", "1 for the stream's current state.", labels=[*labels, "state"]
         )
@@ -223,12 +282,22 @@ class SnapshotCollector:
         for sid, s in per_stream.items():
             behind.add_metric(key(sid, s), int(bool(s.get("behind"))))
             fps.add_metric(key(sid, s), float(s.get("fps", 0.0)))
-            up.add_metric(key(sid, s), int(s.get("state") == "running"))
+            current_health, _reason = stream_health(s)
+            up.add_metric(key(sid, s), int(current_health == "ok"))
+            for h in HEALTHS:
+                health_family.add_metric([*key(sid, s), h], int(h == current_health))
+            if s.get("last_packet_age_s") is not None:
+                age.add_metric(key(sid, s), float(s["last_packet_age_s"]))
             stalled.add_metric(key(sid, s), int(stream_stalled(s)))
             current = s.get("state", "")
             for st in (*STATES, *(() if current in STATES else (current,))):
                 state.add_metric([*key(sid, s), st], int(st == current))
-        yield from (fps, up, state, stalled, behind)
+        yield from (fps, up, health_family, age, state, stalled, behind)
+        yield _gauge(
+            "streamd_streams_down",
+            "Streams down now (refused, reconnecting, stale, failed, worker restarting); /healthz names them",
+            sum(1 for s in per_stream.values() if stream_health(s)[0] == "down"),
+        )
         latency = HistogramMetricFamily(
             "streamd_latency_seconds",
             "Per-stage latency of frame results (total: decode start to result; arrival: packet to result).",
@@ -265,7 +334,9 @@ def _sink_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
     written = CounterMetricFamily("streamd_sink_written", "Lines a sink delivered.", labels=["sink"])
     depth = GaugeMetricFamily("streamd_sink_queue_depth", "Lines waiting in a sink's queue.", labels=["sink"])
     broken = GaugeMetricFamily(
-        "streamd_sink_broken", "1 when a sink's output failed for good.", labels=["sink"]
+        "streamd_sink_broken",
+        "1 while a sink cannot deliver: its output failed for good, or its broker cannot be reached.",
+        labels=["sink"],
     )
     for name, s in stats.items():
         dropped.add_metric([name], s.get("dropped", 0))
@@ -365,7 +436,11 @@ class MetricsServer:
         frame_snapshot: FrameSnapshot | None = None,
         status_page: bool = True,
         snapshots_per_s: float = 2.0,
+        stream_down: str = "degraded",
     ) -> None:
+        if stream_down not in STREAM_DOWN:
+            raise ValueError(f"stream_down: expected one of {', '.join(STREAM_DOWN)}, got {stream_down!r}")
+        self.stream_down = stream_down
         self._snapshot = snapshot
         self._frames = _RateLimitedSnapshots(frame_snapshot, snapshots_per_s) if frame_snapshot else None
         self._registry: CollectorRegistry | None = None  # made on the first scrape
@@ -420,7 +495,7 @@ class MetricsServer:
             self._reply(handler, 404, b"not found: try /, /metrics or /healthz\n", "text/plain")
 
     def health(self) -> tuple[bool, dict]:
-        return health(self._snapshot())
+        return health(self._snapshot(), self.stream_down)
 
     def status(self) -> dict:
         """What the status page shows: one row per stream."""
@@ -428,10 +503,17 @@ class MetricsServer:
         rows = []
         for sid, s in snap.get("per_stream", {}).items():
             total = s.get("latency", {}).get("total")
+            h, reason = stream_health(s)
+            age = s.get("last_packet_age_s")
             rows.append(
                 {
                     "id": sid,
                     "state": s.get("state"),
+                    "health": h,
+                    "reason": reason or None,
+                    "stale": bool(s.get("stale")),
+                    "last_packet_age_s": round(float(age), 1) if age is not None else None,
+                    "last_error": s.get("last_error") or None,
                     "stalled": stream_stalled(s),
                     "fps": round(float(s.get("fps", 0.0)), 1),
                     "decoded": s.get("decoded", 0),
@@ -443,10 +525,13 @@ class MetricsServer:
                     "worker": s.get("worker"),
                 }
             )
+        _ok, info = health(snap, self.stream_down)
         return {
             "results": snap.get("results", 0),
             "uptime_s": round(float(snap.get("elapsed_s", 0.0)), 1),
             "stalled": bool(snap.get("stalled")),
+            "health": info["status"],
+            "down_streams": info["down_streams"],
             "streams": rows,
         }
 

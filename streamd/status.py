@@ -11,10 +11,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from streamd.config.metrics import MetricsConfig
 from streamd.pool import COUNTERS, WorkerSlot, add_counters, add_latency
 from streamd.sinks.base import LineSink
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
+
+STALE_AFTER_S = MetricsConfig.stale_after_s  # metrics.stale_after_s's default
+STALE_FRAME_PERIODS = 10  # a slow camera (1 fps) is stale only after this many of its frame periods
+UNRESPONSIVE_S = 5.0  # a ready worker that sent nothing for this long (it sends stats every 0.5 s)
+
+# health of one stream: ok (delivering), starting (opening, not yet known), ended (a file finished), down
+HEALTHS = ("ok", "starting", "ended", "down")
 
 
 def snapshot(
@@ -26,6 +34,7 @@ def snapshot(
     started: float,
     batch_size: int,
     stall_s: float,
+    stale_after_s: float = STALE_AFTER_S,
 ) -> dict:
     """Counters of every worker (earlier incarnations included), plain values only. ``owner`` maps each
     configured stream, in config order, to the slot that carries it (or carried it, while a reload moves
@@ -37,8 +46,16 @@ def snapshot(
     slot's ``base`` holds its dead incarnations' (``WorkerPool._retire``), its ``stats`` the current or last
     process's, a slot a reload retired keeps its last stats until it is archived into ``past``; so when a
     reload moves a stream to another slot the sum goes on. Totals count every stream, also those a reload
-    removed (until their removal)."""
-    elapsed = max(time.monotonic() - started, 1e-9)
+    removed (until their removal).
+
+    Each stream also gets ``health`` (``HEALTHS``) and ``health_reason`` (why it is down, in words that stay
+    the same while the cause does, so a sink can publish on change), ``stale`` (running, but its last packet
+    is older than ``stale_limit``) and ``last_packet_age_s`` as of now (a worker that went silent does not
+    freeze it); ``state`` is ``unresponsive`` while a ready worker sends nothing for ``UNRESPONSIVE_S``.
+    ``down`` maps each stream that is down to its reason. ``workers`` and ``batches`` hold only the worker
+    processes that exist or will be restarted (``exists``), so /metrics drops the series of the others."""
+    now = time.monotonic()
+    elapsed = max(now - started, 1e-9)
     counts: dict[str, dict[str, int]] = {}  # per stream, every process that carried it
     latency: dict[str, dict[str, dict]] = {}
     counted = [w for w in workers if not w.archived]
@@ -56,16 +73,24 @@ def snapshot(
         s = dict(w.stats.get("per_stream", {}).get(sid, {}))
         s.update(counts.get(sid, dict.fromkeys(COUNTERS, 0)))
         s["latency"] = latency.get(sid, {})
+        heard = getattr(w, "last_message", 0.0)  # monotonic time of the worker's last message (0: none)
+        silent = now - heard if heard and w.alive and not w.done else 0.0
+        if s.get("last_packet_age_s") is not None:  # as the worker saw it when it sent its stats
+            s["last_packet_age_s"] = round(float(s["last_packet_age_s"]) + silent, 2)
         if w.gave_up:
             s["state"] = "failed"
         elif w.retired and not w.alive:  # a reload moves it: it starts again in a new worker
             s["state"], s["fps"], s["decode_fps"], s["behind"] = "starting", 0.0, 0.0, False
         elif not w.alive and not w.done:
             s["state"] = "restarting" if w.restarts else "starting"
+        elif w.ready and silent > UNRESPONSIVE_S and s.get("state") not in ("ended", "failed"):
+            s["state"], s["unresponsive_s"] = "unresponsive", round(silent, 1)
         else:
             s.setdefault("state", "starting")
         s["worker"] = w.index
+        s["health"], s["health_reason"], s["stale"] = stream_health(s, stale_after_s)
         per_stream[sid] = s
+    current = [w for w in workers if exists(w)]
     results = sum(w.base_results + w.stats.get("results", 0) for w in counted)
     results += past.base_results if past is not None else 0
     return {
@@ -87,7 +112,7 @@ def snapshot(
                 "streams": list(w.stream_ids),
                 "rss_bytes": rss_bytes(w.process.pid) if w.alive else 0,
             }
-            for w in workers
+            for w in current
         },
         "batches": {
             w.index: {
@@ -95,14 +120,60 @@ def snapshot(
                 "frames": w.stats.get("frames", 0),
                 "size": w.stats.get("batch_size", batch_size),
             }
-            for w in workers
+            for w in current
         },
         "sinks": {s.name: s.dropped for s in sinks},
         "sink_stats": {s.name: s.stats() for s in sinks},
         "stalled": stalled(workers, time.monotonic(), stall_s),
         # live streams decoding slower than their frame rate or dropping: more offered than the box takes
         "overloaded": sorted(sid for sid, s in per_stream.items() if s.get("behind")),
+        "down": {sid: s["health_reason"] for sid, s in per_stream.items() if s["health"] == "down"},
     }
+
+
+def exists(w: WorkerSlot) -> bool:
+    """The worker's process runs, or will run (starting, or restarting after it died); not one a reload
+    retired, that finished or that was given up, once its process is gone."""
+    if w.alive:
+        return True
+    return not (w.archived or w.retired or w.done or w.gave_up)
+
+
+def stale_limit(s: Mapping[str, Any], stale_after_s: float) -> float:
+    """Seconds without a packet after which a running stream is stale: ``stale_after_s``, or
+    ``STALE_FRAME_PERIODS`` frame periods of a slow source when that is longer (once its rate is known)."""
+    fps = s.get("nominal_fps") or 0.0
+    return max(stale_after_s, STALE_FRAME_PERIODS / fps) if fps > 0 else stale_after_s
+
+
+def stream_health(s: Mapping[str, Any], stale_after_s: float = STALE_AFTER_S) -> tuple[str, str, bool]:
+    """(health, reason, stale) of one stream's snapshot entry. ``reason`` says why a stream is down in words
+    that stay the same while the cause does (no running seconds in it)."""
+    state = s.get("state") or "starting"
+    error = s.get("last_error") or ""
+    if state == "running":
+        age = s.get("last_packet_age_s")
+        limit = stale_limit(s, stale_after_s)
+        if age is not None and age > limit:
+            return "down", f"stale: no packet for more than {limit:g} s", True
+        if s.get("stalled"):
+            return "down", "stalled: no frame although it should deliver", False
+        return "ok", "", False
+    if state == "starting":
+        return "starting", "", False
+    if state == "ended":
+        return "ended", "", False
+    why = {
+        "reconnecting": "reconnecting",
+        "no_decoder": "waiting for a GPU decoder",
+        "failed": "failed",
+        "stalled": "stalled",
+        "restarting": "its worker process died; restarting",
+        "unresponsive": f"its worker process sent nothing for more than {UNRESPONSIVE_S:g} s",
+    }.get(state, state)
+    if error and state in ("reconnecting", "no_decoder", "failed", "stalled"):
+        why += f": {error}"
+    return "down", why, False
 
 
 def stalled(workers: Sequence[WorkerSlot], now: float, stall_s: float) -> bool:

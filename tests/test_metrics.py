@@ -83,24 +83,40 @@ def get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_healthz_503_when_a_stream_is_stalled_or_the_pipeline_wedged() -> None:
+def test_healthz_degraded_names_a_down_stream_503_when_strict_all_down_or_wedged() -> None:
     current = {"snap": snapshot()}
     server = MetricsServer("127.0.0.1", 0, lambda: current["snap"])
+    strict = MetricsServer("127.0.0.1", 0, lambda: current["snap"], stream_down="unhealthy")
     server.start()
+    strict.start()
     base = f"http://127.0.0.1:{server.address[1]}"
+    strict_base = f"http://127.0.0.1:{strict.address[1]}"
     try:
         code, body = get(f"{base}/healthz")
-        assert code == 200 and json.loads(body)["streams"]["door"]["state"] == "running"
-        current["snap"] = snapshot(stalled_stream=True)
+        info = json.loads(body)
+        assert code == 200 and info["status"] == "ok" and info["ok"] is True
+        assert info["streams"]["door"]["state"] == "running" and info["streams"]["door"]["health"] == "ok"
+        assert get(f"{strict_base}/healthz")[0] == 200
+        current["snap"] = snapshot(stalled_stream=True)  # one of two streams down: degraded, still 200
         code, body = get(f"{base}/healthz")
         info = json.loads(body)
-        assert code == 503 and info["stalled_streams"] == ["yard"] and not info["pipeline_wedged"]
+        assert code == 200 and info["status"] == "degraded" and info["ok"] is False, info
+        assert list(info["down_streams"]) == ["yard"] and info["stalled_streams"] == ["yard"]
+        assert not info["pipeline_wedged"]
+        code, body = get(f"{strict_base}/healthz")  # metrics.stream_down: unhealthy
+        assert code == 503 and json.loads(body)["status"] == "unhealthy"
+        snap = snapshot()
+        snap["per_stream"]["door"]["state"] = snap["per_stream"]["yard"]["state"] = "reconnecting"
+        current["snap"] = snap  # every stream down: 503 whatever the policy
+        code, body = get(f"{base}/healthz")
+        assert code == 503 and sorted(json.loads(body)["down_streams"]) == ["door", "yard"]
         current["snap"] = snapshot(wedged=True)
         code, body = get(f"{base}/healthz")
         assert code == 503 and json.loads(body)["pipeline_wedged"] is True
         assert get(f"{base}/nothing")[0] == 404
     finally:
         server.close()
+        strict.close()
 
 
 def test_snapshots_are_rate_limited_and_encoded_on_request() -> None:

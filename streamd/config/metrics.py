@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from streamd.config._fields import Problems, opt, read_section
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """HTTP endpoint: ``/metrics`` (Prometheus), ``/healthz`` (JSON; 503 when stalled), ``/`` (status)."""
+    """HTTP endpoint: ``/metrics`` (Prometheus), ``/healthz`` (JSON: ok | degraded | unhealthy; 503 when
+    unhealthy), ``/`` (status). ``stale_after_s`` also drives the MQTT per-stream status."""
 
     enabled: bool = opt(False, "serve metrics over HTTP")
     host: str = opt(
@@ -25,6 +27,18 @@ class MetricsConfig:
         "most JPEG snapshots encoded per stream per second (a cached one is served in between)",
         gt=0,
         le=30,
+    )
+    stream_down: Literal["degraded", "unhealthy"] = opt(
+        "degraded",
+        "/healthz while some stream is down (refused, reconnecting, stale, failed) but not all: degraded = "
+        "200 with status degraded naming the streams; unhealthy = 503 (any camera down is an outage)",
+    )
+    stale_after_s: float = opt(
+        5.0,
+        "a running stream whose last packet is older than this (or than 10 of its frame periods, when "
+        "longer) counts as down (stale) before the source's stall_timeout_s reopens it",
+        gt=0,
+        le=3600,
     )
 
 

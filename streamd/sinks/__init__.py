@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -67,8 +68,11 @@ class SinkSet:
     """All sinks of a run. ``submit`` fans a line out; ``all_gone`` turns True (and ``on_all_gone`` is called
     once) when every sink's reader went away, e.g. ``streamd run | head``: time to stop."""
 
+    USABLE_WAIT_S = 2.0  # a reload waits this long, at most, for new network sinks to connect
+
     def __init__(self, sinks: Sequence[LineSink], on_all_gone: Callable[[], None] | None = None) -> None:
         self.sinks = list(sinks)
+        self.reload_warnings: list[str] = []  # the last reconfigure: new sinks that cannot deliver yet
         self.retired: list[LineSink] = []  # closed by a reload; their losses still count
         self._on_all_gone = on_all_gone
         self._unique_names()
@@ -108,7 +112,12 @@ class SinkSet:
         """Reload: sinks whose config is unchanged keep running (no gap). New ones are opened first (a
         StartupError leaves the running set as it was) and queue lines from the swap on; the replaced ones
         drain and close, then the new ones start writing (so a file that changed only its options keeps its
-        order). Losses of closed sinks stay in ``retired`` for the exit status. Returns (started, closed)."""
+        order). Losses of closed sinks stay in ``retired`` for the exit status. Returns (started, closed).
+
+        A new sink that opens but cannot deliver yet (an MQTT broker that refuses or does not answer within
+        ``USABLE_WAIT_S``) does not refuse the reload — streamd starts with such a sink too, and the broker
+        may come later — but is logged, listed in ``reload_warnings`` and counted as broken until it
+        connects."""
         wanted = list(configs)
         pool = list(self.sinks)
         plan: list[LineSink | SinkConfig] = []  # per wanted item: the running sink to keep, or its config
@@ -119,6 +128,14 @@ class SinkSet:
             plan.append(match if match is not None else c)
         fresh = SinkSet(build_sinks(c for c in plan if not isinstance(c, LineSink)))
         fresh.start(hold=True)  # raises StartupError before anything changed
+        self.reload_warnings = []
+        deadline = time.monotonic() + self.USABLE_WAIT_S
+        for s in fresh.sinks:  # e.g. an MQTT broker that cannot be reached: taken, but not silently
+            why = s.wait_usable(max(0.0, deadline - time.monotonic()))
+            if why is not None:
+                warning = f"sink {s.name}: {why}; added anyway, counted as broken until it connects"
+                log.warning("reload: %s", warning)
+                self.reload_warnings.append(warning)
         started = iter(fresh.sinks)
         new = [p if isinstance(p, LineSink) else next(started) for p in plan]
         for sink in new:

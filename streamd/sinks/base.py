@@ -7,6 +7,8 @@ The supervisor calls, in this order:
 - ``submit(line, stream_id)`` per result line; thread-safe (the supervisor has one reader thread per worker).
   Never blocks: when the queue is full the line is dropped and counted. Lines of one stream keep their order
   as long as one thread submits them.
+- ``wait_usable(timeout)`` after a reload started it: why it cannot deliver yet (MQTT: broker unreachable).
+- ``stream_health(per_stream)`` once a second: each stream's health (MQTT's retained status follows it).
 - ``reopen()`` on SIGHUP (after logrotate moved a file); a no-op for sinks without files.
 - ``close(timeout)`` once at the end: writes what is queued within ``timeout``; what is left is dropped.
 
@@ -94,6 +96,11 @@ class LineSink:
 
     def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
         """Each stream's state once a second (MQTT's retained status follows it); a no-op for most sinks."""
+
+    def wait_usable(self, timeout: float) -> str | None:
+        """After ``start``: None when the target can take lines, else why not (a network sink may wait up to
+        ``timeout`` for its first connection). A reload names such a sink; it stays and keeps trying."""
+        return self.broken
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, flush and close; gives up after ``timeout`` seconds (counted as dropped)."""

@@ -10,20 +10,30 @@ when the connection dropped are sent again after the reconnect (at-least-once: a
 and should key on stream + frame); new lines wait until those are acknowledged, so per-stream order holds.
 With QoS 0 a line written into a connection that then dies is lost without being counted.
 
-Per stream, ``status_topic`` gets a retained ``online`` with the stream's first line and ``offline`` at close;
-``availability_topic`` gets a retained ``online`` on every connect and ``offline`` at close, and the same
-``offline`` is the last will the broker publishes if streamd dies. The password is never logged.
+Per stream, ``status_topic`` gets a retained word that follows the stream's health (``stream_health``, once
+a second from the supervisor, published on change): ``online`` while it delivers (also with its first line),
+``degraded`` while it is down (refused, reconnecting, stale, failed, its worker restarting), ``offline`` when
+it ended, a reload removed it, or at close; ``<status_topic>/detail`` gets the same as retained JSON with the
+state, the reason and the last error. ``availability_topic`` gets a retained ``online`` on every connect and
+``offline`` at close, and the same ``offline`` is the last will the broker publishes if streamd dies.
+
+A broker that cannot be reached (refused, unknown host, no answer: from the start or for longer than
+``_DOWN_S`` later) is logged once and the sink counts as broken (``stats()["broken"]``, the metric
+``streamd_sink_broken``) until it connects; lines wait in the queue meanwhile. The password is never logged.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from streamd.config.sinks import MqttSinkConfig
@@ -34,6 +44,9 @@ log = logging.getLogger(__name__)
 
 _WINDOW = 100  # messages published but not yet acknowledged, at most
 _OFFLINE = "\x00offline"  # queue item (stream_id, _OFFLINE): a reload removed the stream
+_DOWN_S = 10.0  # not connected this long (a broker that accepts and never answers): counted as broken
+# stream health (status.stream_health) -> the word on the status topic
+_WORDS = {"ok": "online", "down": "degraded", "ended": "offline"}
 
 
 def read_password(cfg: MqttSinkConfig) -> str | None:
@@ -75,7 +88,13 @@ class MqttSink(LineSink):
         self._inflight: collections.deque[tuple[Any, bool]] = (
             collections.deque()
         )  # (MQTTMessageInfo, is_line)
-        self._online: set[str] = set()
+        self._status: dict[str, str] = {}  # stream -> the word last published on its status topic
+        self._detail: dict[str, str] = {}  # stream -> the JSON last published on its detail topic
+        self._health_lock = threading.Lock()
+        self._wanted: dict[str, tuple[str, str]] = {}  # stream -> (word, detail JSON) from stream_health
+        self._wanted_gen = self._applied_gen = 0
+        self._unreachable: str | None = None  # why the broker cannot be reached (None: connected or trying)
+        self._started = time.monotonic()
         self._deadline = float("inf")
 
     # -- start/close ---------------------------------------------------------------------------------
@@ -103,11 +122,24 @@ class MqttSink(LineSink):
         client.reconnect_delay_set(1, max(1, round(cfg.reconnect_max_s)))
         client.max_inflight_messages_set(_WINDOW)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
+        self._started = time.monotonic()
         client.loop_start()  # paho's thread: connect, then reconnect with backoff for as long as we run
         self._client = client
+
+    def wait_usable(self, timeout: float) -> str | None:
+        """Wait up to ``timeout`` for the first connection: None once connected, else why not (a reload
+        says so; the sink stays, counted as broken, and keeps trying)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while not self._connected and self._unreachable is None and time.monotonic() < end:
+                self._cond.wait(min(0.05, max(0.0, end - time.monotonic())))
+            if self._connected:
+                return None
+            return self._unreachable or f"no answer from the broker within {timeout:g} s"
 
     def close(self, timeout: float = 10.0) -> None:
         self._deadline = time.monotonic() + timeout
@@ -130,15 +162,18 @@ class MqttSink(LineSink):
 
     def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if reason.is_failure:
-            self.log_once(f"refused:{reason}", logging.ERROR, "the broker refused the connection: %s", reason)
+            self._cannot_reach(f"the broker refused the connection: {reason}")
             return
         client.publish(self.cfg.availability_topic, "online", qos=1, retain=True)
         with self._cond:
             self.connects += 1
             down = None if self._down_since is None else time.monotonic() - self._down_since
+            unreachable, self._unreachable = self._unreachable, None
             self._connected, self._down_since = True, None
             self._cond.notify_all()
-        if self.connects == 1:
+        if self.connects == 1 and unreachable is not None:
+            log.warning("sink %s: connected after %.1f s; no longer broken", self.name, down or 0)
+        elif self.connects == 1:
             log.info("sink %s: connected", self.name)
         else:
             log.warning(
@@ -147,6 +182,35 @@ class MqttSink(LineSink):
                 down or 0,
                 self.dropped,
             )
+
+    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
+        """paho's thread, inside its ``except OSError`` around the TCP/TLS connect: the error is at hand."""
+        exc = sys.exc_info()[1]
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "connection failed"
+        self._cannot_reach(f"cannot reach the broker: {why or type(exc).__name__}")
+
+    def _cannot_reach(self, why: str) -> None:
+        """Log once per outage (not per retry); counted as broken until a connect succeeds."""
+        with self._cond:
+            first = self._unreachable is None
+            self._unreachable = why
+            self._cond.notify_all()
+        if first and not self._stop.is_set():
+            ever = "" if self.connects == 0 else " again"
+            log.error(
+                "sink %s: %s; counted as broken until it connects%s (retrying with backoff up to %g s; up to "
+                "%d line(s) wait in the queue, later ones are dropped and counted)",
+                self.name, why, ever, self.cfg.reconnect_max_s, self.cfg.queue_size,
+            )  # fmt: skip
+
+    def _check_down(self) -> None:
+        """The writer thread: a broker that accepts and never answers calls no callback; say so after
+        ``_DOWN_S``."""
+        since = self._down_since
+        if self._connected or since is None or self._unreachable is not None or self._stop.is_set():
+            return
+        if time.monotonic() - max(since, self._started) >= _DOWN_S:
+            self._cannot_reach(f"no connection to the broker for {_DOWN_S:g} s")
 
     def _on_disconnect(self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
         with self._cond:
@@ -170,9 +234,55 @@ class MqttSink(LineSink):
 
     # -- the writer thread ---------------------------------------------------------------------------
 
+    def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each stream's health (the supervisor's snapshot, once a second): the writer thread publishes the
+        changes on the retained status topics. Streams not listed keep what they have (a removed stream is
+        marked offline by ``stream_removed`` once its last line is out)."""
+        wanted = {}
+        for sid, s in per_stream.items():
+            health = str(s.get("health") or "")
+            word = _WORDS.get(health)
+            if word is None:  # starting (or a snapshot without health): nothing known yet
+                continue
+            detail = {
+                "status": word,
+                "health": health,
+                "state": s.get("state"),
+                "reason": s.get("health_reason") or None,
+                "last_error": s.get("last_error") or None,
+            }
+            wanted[sid] = (word, json.dumps(detail, separators=(",", ":")))
+        with self._health_lock:
+            if wanted != self._wanted:
+                self._wanted = wanted
+                self._wanted_gen += 1
+
+    def _apply_health(self) -> None:
+        """The writer thread: publish each stream's status that changed since it was last published."""
+        if self._wanted_gen == self._applied_gen or not self._connected or len(self._inflight) >= _WINDOW:
+            return
+        with self._health_lock:
+            wanted, self._applied_gen = dict(self._wanted), self._wanted_gen
+        for sid, (word, detail) in wanted.items():
+            self._set_status(sid, word, detail)
+
+    def _set_status(self, sid: str, word: str, detail: str | None = None) -> None:
+        """Publish the stream's retained status word (and detail JSON) where it changed."""
+        if detail is None:
+            detail = json.dumps({"status": word}, separators=(",", ":"))
+        topic = self._topic(self.cfg.status_topic, sid)
+        if self._detail.get(sid) != detail:  # first: a subscriber that sees the word change finds it there
+            self._detail[sid] = detail
+            self._publish(topic + "/detail", detail, False, retain=True)
+        if self._status.get(sid) != word:
+            self._status[sid] = word
+            self._publish(topic, word, False, retain=True)
+
     def _serve(self) -> None:
         while True:
             self._reap()
+            self._check_down()
+            self._apply_health()
             item = self._get(timeout=0.5)
             if item is None:
                 continue
@@ -180,18 +290,18 @@ class MqttSink(LineSink):
                 break
             stream_id, line = item
             if line is _OFFLINE:
-                if stream_id in self._online and self._wait_until_sendable():
-                    self._online.discard(stream_id)
-                    self._publish(
-                        self._topic(self.cfg.status_topic, stream_id), "offline", False, retain=True
-                    )
+                with self._health_lock:  # health must not bring it back
+                    self._wanted.pop(stream_id, None)
+                if stream_id in self._status and self._wait_until_sendable():
+                    self._set_status(stream_id, "offline")
+                    del self._status[stream_id]
+                    self._detail.pop(stream_id, None)
                 continue
             if not self._wait_until_sendable():
                 self._dropped_out += 1
                 continue
-            if stream_id not in self._online:
-                self._online.add(stream_id)
-                self._publish(self._topic(self.cfg.status_topic, stream_id), "online", False, retain=True)
+            if stream_id not in self._status:  # its first line; later, health decides
+                self._set_status(stream_id, "online")
             self._publish(self._topic(self.cfg.topic, stream_id), line.rstrip("\n"), True)
         self._finish()
 
@@ -229,6 +339,8 @@ class MqttSink(LineSink):
                 if self._connected and not self._resend_first and len(self._inflight) < _WINDOW:
                     return True
                 left = self._deadline - time.monotonic()
+            self._check_down()
+            with self._cond:
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.05 if self._inflight else 0.5))
@@ -236,8 +348,8 @@ class MqttSink(LineSink):
     def _finish(self) -> None:
         """Mark streams and this streamd offline, wait for acknowledgements until the deadline, disconnect."""
         if self._connected:
-            for sid in sorted(self._online):
-                self._publish(self._topic(self.cfg.status_topic, sid), "offline", False, retain=True)
+            for sid in sorted(self._status):
+                self._set_status(sid, "offline")
             self._publish(self.cfg.availability_topic, "offline", False, retain=True)
         end = min(self._deadline, time.monotonic() + 30)
         while True:
@@ -257,7 +369,13 @@ class MqttSink(LineSink):
             self._client.disconnect()
 
     def stats(self) -> dict:
-        return {**super().stats(), "connected": self._connected, "reconnects": max(0, self.connects - 1)}
+        """``broken`` also while the broker cannot be reached (until it connects)."""
+        return {
+            **super().stats(),
+            "broken": self.broken or self._unreachable,
+            "connected": self._connected,
+            "reconnects": max(0, self.connects - 1),
+        }
 
 
 def _published(info: Any) -> bool:

@@ -1,7 +1,9 @@
 """The status page: plain HTML and a few lines of JS, no build step, no CDN (the box may be offline).
 
-It polls ``/api/status`` every second for the table and reloads each stream's snapshot every two seconds
-(the server encodes at most a few JPEGs per stream per second, however many pages are open)."""
+It polls ``/api/status`` every second for the table (per stream: state, health and why it is down, the age
+of its last packet, marked STALE past the threshold, and its last error) and reloads each stream's snapshot
+every two seconds (the server encodes at most a few JPEGs per stream per second, however many pages are
+open)."""
 
 STATUS_PAGE = """<!doctype html>
 <html lang="en">
@@ -14,7 +16,9 @@ STATUS_PAGE = """<!doctype html>
   th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
   th:first-child, td:first-child, td.state { text-align: left; }
   .running { color: #080; } .reconnecting, .no_decoder { color: #b60; }
-  .stalled, .failed { color: #c00; font-weight: bold; }
+  .stalled, .failed, .down, .unresponsive, .restarting, .stale { color: #c00; font-weight: bold; }
+  .ok { color: #080; } .starting { color: #666; } td.error { text-align: left; max-width: 40em; }
+  #summary.degraded { color: #b60; } #summary.unhealthy { color: #c00; font-weight: bold; }
   .frames { display: flex; flex-wrap: wrap; gap: 12px; }
   figure { margin: 0; } figcaption { font-weight: bold; } img { max-width: 480px; border: 1px solid #ccc; }
 </style>
@@ -23,8 +27,8 @@ STATUS_PAGE = """<!doctype html>
 <h1>streamd</h1>
 <p id="summary">loading…</p>
 <table id="streams">
-  <thead><tr><th>stream</th><th>state</th><th>fps</th><th>decoded</th><th>dropped</th>
-  <th>latency ms</th><th>reconnects</th><th>worker</th></tr></thead>
+  <thead><tr><th>stream</th><th>state</th><th>health</th><th>last packet</th><th>fps</th><th>decoded</th>
+  <th>dropped</th><th>latency ms</th><th>reconnects</th><th>worker</th><th>last error</th></tr></thead>
   <tbody></tbody>
 </table>
 <div class="frames" id="frames"></div>
@@ -37,16 +41,27 @@ function cell(row, text, cls) {
 async function refresh() {
   try {
     const s = await (await fetch("/api/status", {cache: "no-store"})).json();
-    document.getElementById("summary").textContent =
-      s.results + " frames, up " + s.uptime_s + " s" + (s.stalled ? " — PIPELINE STALLED" : "");
+    const down = Object.entries(s.down_streams || {});
+    const summary = document.getElementById("summary");
+    summary.textContent = s.results + " frames, up " + s.uptime_s + " s"
+      + (s.stalled ? " — PIPELINE STALLED" : "")
+      + (s.health && s.health !== "ok" ? " — " + s.health.toUpperCase() : "")
+      + (down.length ? ": " + down.map(([id, why]) => id + " (" + why + ")").join(", ") : "");
+    summary.className = s.health || "";
     const body = document.querySelector("#streams tbody");
     body.replaceChildren();
     const frames = document.getElementById("frames");
     for (const r of s.streams) {
       const row = body.insertRow(); row.id = "stream-" + r.id;
       const state = r.stalled ? "stalled" : r.state;
-      cell(row, r.id); cell(row, state, "state " + state); cell(row, r.fps); cell(row, r.decoded);
+      cell(row, r.id); cell(row, state, "state " + state);
+      cell(row, r.health === "down" && r.reason ? "down: " + r.reason : r.health, "health " + r.health);
+      const age = r.last_packet_age_s === null || r.last_packet_age_s === undefined
+        ? null : r.last_packet_age_s + " s ago" + (r.stale ? " (STALE)" : "");
+      cell(row, age, r.stale ? "age stale" : "age");
+      cell(row, r.fps); cell(row, r.decoded);
       cell(row, r.dropped); cell(row, r.latency_ms); cell(row, r.reconnects); cell(row, r.worker);
+      cell(row, r.last_error, "error");
       if (!document.getElementById("frame-" + r.id)) {
         const fig = document.createElement("figure");
         const img = document.createElement("img");
