@@ -363,14 +363,25 @@ class StreamWorker:
         return reason
 
     def _end_session(self, decoder: Decoder, pacer: Pacer | None) -> None:
-        """Flush the decoder (every picture it holds goes out, unless ``stop`` is set) and keep it."""
+        """Flush the decoder (every picture it holds goes out, unless ``stop`` is set) and keep it. Runs
+        however the pass or session ended (end of input, read error, truncated file, stall); what the flush
+        cannot deliver is counted in ``decode_errors`` and logged."""
         skipped = decoder.skipped
         try:
             pictures = decoder.flush()
-        except DecodeError:
+        except DecodeError as exc:
             self.stats.decode_errors += 1
+            log.warning(
+                "stream %s: flushing the decoder failed; the pictures it held are lost (%s)", self.cfg.id, exc
+            )
             pictures = []
-        self.stats.decode_errors += decoder.skipped - skipped
+        if decoder.skipped != skipped:
+            self.stats.decode_errors += decoder.skipped - skipped
+            log.warning(
+                "stream %s: %d damaged picture(s) at the end of the input skipped",
+                self.cfg.id,
+                decoder.skipped - skipped,
+            )
         if self._emit(pictures, 0.0, pacer) and self._held is not None:
             pic, arrived, decode_ms = self._held
             self._held = None

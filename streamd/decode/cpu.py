@@ -23,6 +23,13 @@ class CpuDecoder:
     throughput) holds one picture per thread — the first picture comes out only after ``threads + 1``
     packets and every picture waits that long — so live streams decode without it; a picture then leaves as
     soon as the stream's own reordering (B-frames) allows.
+
+    Damaged packets under frame threading: a frame thread's failure is reported only when its picture is
+    due, and PyAV ends a drain at the first error, so a truncated last packet (a file cut mid-picture; the
+    demuxer flags its short read ``is_corrupt``) would take every picture queued behind it in :meth:`flush`
+    with it, silently. Such a packet is held back until the next one arrives (then decoded in order, as
+    usual); when the stream ends instead, the held pictures are drained first and the damaged packet is
+    counted in :attr:`skipped`, not decoded.
     """
 
     name = "cpu"
@@ -51,7 +58,9 @@ class CpuDecoder:
         self._time_base = info.time_base
         self._keep_luma = keep_luma
         self._keep_corrupt = keep_corrupt
-        self.skipped = 0  # corrupt pictures decoded but not returned
+        self.skipped = 0  # corrupt pictures decoded but not returned, damaged pictures lost
+        self._frame_threads = not low_delay  # thread_type AUTO: errors surface late (class docstring)
+        self._held: av.Packet | None = None  # a damaged packet not yet sent (class docstring)
 
     def _convert(self, frames: list[av.VideoFrame]) -> list[DecodedPicture]:
         out = []
@@ -68,18 +77,41 @@ class CpuDecoder:
             out.append(DecodedPicture(pts, f.width, f.height, image=f.to_ndarray(format="bgr24"), luma=luma))
         return out
 
-    def decode(self, packet: Packet) -> list[DecodedPicture]:
-        pkt = packet.raw if isinstance(packet.raw, av.Packet) else av.Packet(packet.view())  # type: ignore[arg-type]
-        if packet.raw is None:
-            pkt.pts = packet.pts
+    def _send(self, pkt: av.Packet) -> list[DecodedPicture]:
         try:
             return self._convert(self._ctx.decode(pkt))
         except (av.FFmpegError, ValueError) as exc:
             raise DecodeError(f"undecodable packet ({type(exc).__name__}: {exc})") from None
 
+    def decode(self, packet: Packet) -> list[DecodedPicture]:
+        pkt = packet.raw if isinstance(packet.raw, av.Packet) else av.Packet(packet.view())  # type: ignore[arg-type]
+        if packet.raw is None:
+            pkt.pts = packet.pts
+        before: list[DecodedPicture] = []
+        if self._held is not None:  # more data followed the damaged packet: decode it in order after all
+            held, self._held = self._held, None
+            try:
+                before = self._send(held)
+            except DecodeError:
+                self.skipped += 1
+        if self._frame_threads and pkt.is_corrupt:
+            self._held = pkt
+            return before
+        try:
+            return before + self._send(pkt)
+        except DecodeError:
+            if not before:
+                raise
+            self.skipped += 1  # counted; the pictures already out still go on
+            return before
+
     def flush(self) -> list[DecodedPicture]:
         """Every picture still buffered (end of a stream, a file pass or a live session); the decoder is
-        reset afterwards, so it can go on with the next pass or session (:meth:`restart`)."""
+        reset afterwards, so it can go on with the next pass or session (:meth:`restart`). A damaged last
+        packet held back (class docstring) is counted in :attr:`skipped`."""
+        if self._held is not None:
+            self._held = None
+            self.skipped += 1
         try:
             return self._convert(self._ctx.decode(None))
         except (av.FFmpegError, ValueError) as exc:
