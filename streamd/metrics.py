@@ -243,8 +243,11 @@ class SnapshotCollector:
             "1 for the worker process carrying the stream.",
             labels=["stream", "worker"],
         )
+        existing = {str(w) for w in snap["workers"]} if "workers" in snap else None
         for sid, s in per_stream.items():
-            carrier.add_metric([sid, str(s.get("worker", "0"))], 1)
+            worker = str(s.get("worker", "0"))
+            if existing is None or worker in existing:  # not a finished or retired worker's
+                carrier.add_metric([sid, worker], 1)
         yield carrier
 
         for name, help_text in COUNTERS.items():

@@ -19,7 +19,7 @@ log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one
 
 STALE_AFTER_S = MetricsConfig.stale_after_s  # metrics.stale_after_s's default
 STALE_FRAME_PERIODS = 10  # a slow camera (1 fps) is stale only after this many of its frame periods
-UNRESPONSIVE_S = 5.0  # a ready worker that sent nothing for this long (it sends stats every 0.5 s)
+UNRESPONSIVE_S = 4.0  # a ready worker that sent nothing for this long (it sends stats every 0.5 s)
 
 # health of one stream: ok (delivering), starting (opening, not yet known), ended (a file finished), down
 HEALTHS = ("ok", "starting", "ended", "down")

@@ -242,3 +242,109 @@ def test_the_broker_publishes_the_last_will_when_streamd_dies(tmp_path, broker) 
     sub.close()
     print(f"streamd/status: {states}")
     assert states[-2:] == [b"online", b"offline"]
+
+
+def _unreachable_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "cannot reach the broker" in r.getMessage()]
+
+
+def test_a_broker_unreachable_from_the_start_is_logged_once_and_broken_until_it_connects(
+    tmp_path, caplog
+) -> None:
+    """Nothing listens on the broker's port for the first seconds (several reconnect attempts): one log
+    line, ``broken`` in the stats (``streamd_sink_broken``) until mosquitto starts there; then the queued
+    lines go."""
+    from tests.sinks.conftest import Broker
+
+    broker = Broker(tmp_path)  # its port, not started yet
+    caplog.set_level("INFO")
+    sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=broker.port, reconnect_max_s=1))
+    t0 = time.monotonic()
+    sink.start()
+    try:
+        assert wait_for(lambda: sink.stats()["broken"], 20), "counted as broken"
+        t_broken = time.monotonic() - t0
+        for line in fake_lines(20):
+            sink.submit(line, "demo")
+        time.sleep(4)  # a few more failed attempts (1 s apart): still one line
+        said = _unreachable_lines(caplog)
+        assert len(said) == 1 and f"mqtt:127.0.0.1:{broker.port}" in said[0], said
+        assert "Connection refused" in said[0] and "counted as broken" in said[0]
+        assert sink.stats()["broken"] and sink.stats()["connected"] is False
+        broker.start()
+        sub = Subscriber(broker.port)
+        assert wait_for(lambda: sink.stats()["connected"], 20), broker.log()
+        assert sink.stats()["broken"] is None
+        assert wait_for(lambda: sink.written == 20, 20)
+        print(f"broken {t_broken:.2f} s after start; log: {said[0]!r}; then {sink.written}/20 delivered")
+        assert "connected after" in caplog.text and len(_unreachable_lines(caplog)) == 1
+    finally:
+        sink.close(timeout=5)
+        broker.stop()
+    sub.close()
+
+
+def test_a_broker_that_accepts_and_never_answers_counts_as_broken(tmp_path, caplog, monkeypatch) -> None:
+    """TCP accepted, no CONNACK ever: paho calls no callback; the writer says so after ``_DOWN_S``."""
+    import socket
+
+    import streamd.sinks.mqtt as mqtt_sink
+
+    monkeypatch.setattr(mqtt_sink, "_DOWN_S", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    caplog.set_level("INFO")
+    sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=silent.getsockname()[1]))
+    sink.start()
+    try:
+        assert wait_for(lambda: sink.stats()["broken"], 15), sink.stats()
+        said = [r.getMessage() for r in caplog.records if "no connection to the broker" in r.getMessage()]
+        print(said)
+        assert len(said) == 1 and "counted as broken" in said[0]
+    finally:
+        sink.close(timeout=2)
+        silent.close()
+
+
+def _health(health: str, state: str, reason: str = "", error: str = "") -> dict:
+    return {"health": health, "state": state, "health_reason": reason, "last_error": error}
+
+
+def test_the_retained_status_follows_the_stream_health_published_on_change(tmp_path, broker) -> None:
+    sub = Subscriber(broker.port)
+    sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=broker.port))
+    sink.start()
+    ok = _health("ok", "running")
+    refused = _health("down", "reconnecting", "reconnecting: connection refused", "connection refused")
+    try:
+        for line in fake_lines(3, stream="cam"):  # the first line: online
+            sink.submit(line, "cam")
+        assert wait_for(lambda: sub.last("streamd/cam/status") == b"online", 10)
+        starting = _health("starting", "starting")  # nothing known yet: nothing published
+        rounds = [{"cam": ok, "new": starting}] * 3 + [{"cam": refused, "new": refused}] * 3
+        for per_stream in [*rounds, {"cam": ok, "new": refused}, {"cam": ok, "new": refused}]:
+            sink.stream_health(per_stream)
+            time.sleep(0.3)
+        for line in fake_lines(3, stream="cam"):  # lines of a stream that is online change nothing
+            sink.submit(line, "cam")
+        assert wait_for(lambda: sub.last("streamd/new/status") == b"degraded", 10)
+        assert wait_for(lambda: len(sub.frames("streamd/cam/detections")) == 6, 10)
+        time.sleep(1.0)
+        words = [p for t, p, _ in sub.messages if t == "streamd/cam/status"]
+        print(f"cam: {words}; new: {[p for t, p, _ in sub.messages if t == 'streamd/new/status']}")
+        assert words == [b"online", b"degraded", b"online"], "published on change only"
+        assert [p for t, p, _ in sub.messages if t == "streamd/new/status"] == [b"degraded"]
+        detail = json.loads(sub.last("streamd/new/status/detail"))
+        assert detail == {
+            "status": "degraded",
+            "health": "down",
+            "state": "reconnecting",
+            "reason": "reconnecting: connection refused",
+            "last_error": "connection refused",
+        }
+    finally:
+        sink.close(timeout=10)
+    assert wait_for(lambda: sub.last("streamd/new/status") == b"offline", 10), "offline at close"
+    assert sub.last("streamd/cam/status") == b"offline"
+    sub.close()

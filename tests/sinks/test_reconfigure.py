@@ -63,3 +63,29 @@ def test_reconfigure_with_an_unwritable_sink_changes_nothing(tmp_path) -> None:
     sinks.submit(fake_lines(1)[0], "demo")
     sinks.close()
     assert frames(tmp_path / "a.jsonl") == [0]
+
+
+def test_a_reload_that_adds_an_unreachable_mqtt_sink_says_so(tmp_path, caplog) -> None:
+    """Not refused (streamd starts with such a sink too, and the broker may come later), but logged, listed in
+    ``reload_warnings`` and counted as broken (``streamd_sink_broken``) until it connects."""
+    from streamd.config.sinks import MqttSinkConfig
+    from tests.sinks._helpers import free_port
+
+    a = JsonlSinkConfig(path=tmp_path / "a.jsonl")
+    sinks = SinkSet.from_config([a])
+    sinks.start()
+    caplog.set_level("INFO")
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    started, closed = sinks.reconfigure([a, MqttSinkConfig(host="127.0.0.1", port=port)])
+    took = time.monotonic() - t0
+    try:
+        print(f"reconfigure took {took:.2f} s; warnings {sinks.reload_warnings}")
+        assert (started, closed) == (1, 0)
+        assert len(sinks.reload_warnings) == 1 and f"mqtt:127.0.0.1:{port}" in sinks.reload_warnings[0]
+        assert "cannot reach the broker" in sinks.reload_warnings[0]
+        assert "reload: sink mqtt:127.0.0.1" in caplog.text
+        assert sinks.stats()[f"mqtt:127.0.0.1:{port}"]["broken"]
+        assert took < SinkSet.USABLE_WAIT_S + 1
+    finally:
+        sinks.close(timeout=2)
