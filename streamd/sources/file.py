@@ -20,9 +20,13 @@ def open_file(
 ) -> Demuxer:
     """Open a video file; raises SourceError when it is missing, unreadable or has no video stream."""
     from streamd.sources.backends import demuxer_class
+    from streamd.sources.errors import file_problem
 
-    if not path.is_file():
-        raise SourceError(f"{path}: no such file")
+    problem = file_problem(str(path))
+    if problem is None and not path.is_file():
+        problem = "not a regular file"
+    if problem:
+        raise SourceError(f"cannot open: {problem}")
     cls = demuxer_class(backend)
     return cls(
         str(path),

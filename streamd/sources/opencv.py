@@ -35,9 +35,9 @@ from streamd.sources.base import (
     SourceError,
     SourceTimeout,
     VideoInfo,
-    scrub,
     to_annexb_extradata,
 )
+from streamd.sources.errors import diagnose, open_timeout
 
 _ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 _env_cond = threading.Condition()
@@ -144,9 +144,9 @@ class OpenCVDemuxer:
             waited = time.monotonic() - started
             cap.release()
             if waited >= 0.95 * open_timeout_s:
-                why = f"no answer for {waited:.1f} s (open_timeout_s {open_timeout_s:g} s)"
-                raise SourceTimeout(scrub(f"cannot open {url}: {why}", url))
-            raise SourceError(scrub(f"cannot open {url} (refused, missing or not a video)", url))
+                raise SourceTimeout(f"cannot open: {open_timeout(url, open_timeout_s)}")
+            # OpenCV does not say why: look at the file, or try a connection to the camera
+            raise SourceError(f"cannot open: {diagnose(url, min(2.0, open_timeout_s))}")
         if not cap.set(cv2.CAP_PROP_FORMAT, -1):
             cap.release()
             raise SourceError("this OpenCV build cannot return raw packets (CAP_PROP_FORMAT -1)")

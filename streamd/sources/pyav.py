@@ -22,9 +22,9 @@ from streamd.sources.base import (
     SourceError,
     SourceTimeout,
     VideoInfo,
-    scrub,
     to_annexb_extradata,
 )
+from streamd.sources.errors import explain, open_timeout, read_timeout
 
 _BT709 = 1  # AVColorSpace values
 _FULL_RANGE = 2  # AVColorRange: AVCOL_RANGE_JPEG
@@ -39,18 +39,21 @@ def _error(
     key: str,
     silent_since: float | None = None,
 ) -> SourceError:
-    """A SourceError (SourceTimeout when the call ran into its timeout) with credentials scrubbed.
+    """A SourceError (SourceTimeout when the call ran into its timeout) with a plain reason
+    (``streamd.sources.errors``), never the URL's credentials.
 
-    A timeout names the setting that fired (``key``, e.g. ``read_timeout_s``) and how long the call really
-    waited: FFmpeg's RTSP client retries a timed-out read once, so a hung server is noticed after about
+    A read timeout names the setting that fired (``key``, e.g. ``read_timeout_s``) and how long the read
+    really waited: FFmpeg's RTSP client retries a timed-out read once, so a hung server is noticed after about
     twice the read timeout, and the message says so instead of claiming the configured value.
     """
-    text = scrub(f"{what}: {type(exc).__name__}: {exc}", url)
     now = time.monotonic()
+    opening = what == "cannot open"
     if isinstance(exc, (av.ExitError, av.error.TimeoutError)) or now - started >= 0.95 * timeout_s:
+        if opening:
+            return SourceTimeout(f"{what}: {open_timeout(url, timeout_s)}")
         waited = now - (started if silent_since is None else silent_since)
-        return SourceTimeout(f"{text} (no answer for {waited:.1f} s; {key} {timeout_s:g} s)")
-    return SourceError(text)
+        return SourceTimeout(f"{what}: {read_timeout(waited, timeout_s, key)}")
+    return SourceError(f"{what}: {explain(exc, url, reading=not opening)}")
 
 
 class PyAVDemuxer:
@@ -79,8 +82,10 @@ class PyAVDemuxer:
         try:
             self.stream = self._container.streams.video[0]
         except IndexError:
+            kinds = sorted({s.type for s in self._container.streams})
             self._container.close()
-            raise SourceError(scrub(f"{url}: no video stream", url)) from None
+            held = f"only {', '.join(kinds)}" if kinds else "no streams at all"
+            raise SourceError(f"cannot open: no video stream in it ({held})") from None
         ctx = self.stream.codec_context
         codec = ctx.name
         extradata = bytes(ctx.extradata or b"")

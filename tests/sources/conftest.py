@@ -106,9 +106,12 @@ def free_port() -> int:
 class RtspServer:
     """GStreamer's RTSP server on 127.0.0.1:port serving one clip; start/kill/restart like a camera."""
 
-    def __init__(self, clip: Path, codec: str = "h264", port: int | None = None) -> None:
+    def __init__(
+        self, clip: Path, codec: str = "h264", port: int | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.clip, self.codec = clip, codec
         self.port = port or free_port()
+        self.args = args  # more rtsp_server.py options (--user/--password)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -126,6 +129,7 @@ class RtspServer:
             str(self.clip),
             "--codec",
             self.codec,
+            *self.args,
         ]
         deadline = time.monotonic() + timeout
         while True:  # the port can stay busy for a moment after a kill

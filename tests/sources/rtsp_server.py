@@ -3,6 +3,7 @@
 Run with the system Python, which has PyGObject (the venv does not):
 
     /usr/bin/python3 tests/sources/rtsp_server.py --port 8554 --clip samples/vtest.mp4 [--codec h264|h265]
+        [--user NAME --password SECRET]
 
 Serves ``rtsp://127.0.0.1:PORT/test`` (bound to 127.0.0.1 only). Each client gets its own pipeline that plays
 the clip from its start at its native rate (GStreamer paces it against the clock, like a camera), looping
@@ -37,6 +38,8 @@ def main() -> int:
     ap.add_argument("--clip", required=True)
     ap.add_argument("--codec", choices=sorted(_PARSE), default="h264")
     ap.add_argument("--path", default="/test")
+    ap.add_argument("--user", help="require this login (basic authentication) with --password")
+    ap.add_argument("--password", default="")
     args = ap.parse_args()
 
     Gst.init(None)
@@ -46,6 +49,16 @@ def main() -> int:
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(launch_line(args.clip, args.codec))
     factory.set_shared(False)
+    if args.user:
+        auth = GstRtspServer.RTSPAuth()
+        token = GstRtspServer.RTSPToken()
+        token.set_string("media.factory.role", "viewer")
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password), token)
+        server.set_auth(auth)
+        permissions = GstRtspServer.RTSPPermissions()
+        permissions.add_permission_for_role("viewer", "media.factory.access", True)
+        permissions.add_permission_for_role("viewer", "media.factory.construct", True)
+        factory.set_permissions(permissions)
     server.get_mount_points().add_factory(args.path, factory)
     if server.attach(None) == 0:
         print(f"cannot listen on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
