@@ -102,3 +102,51 @@ def test_status_page_lists_the_demo_stream_and_shows_its_boxes(tmp_path, assets,
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
+
+
+def test_status_page_marks_a_stale_stream_and_shows_the_last_error(browser) -> None:
+    """The page over a snapshot where ``cam`` runs but its last packet is 12 s old (stale) and ``door`` is
+    refused: the rows say so, with the age marked STALE and the last error, and the summary says DEGRADED."""
+    from streamd import status
+    from streamd.metrics import MetricsServer
+
+    per_stream = {
+        "demo": {"state": "running", "last_packet_age_s": 0.04, "fps": 25.0},
+        "cam": {"state": "running", "last_packet_age_s": 12.3, "last_error": ""},
+        "door": {"state": "reconnecting", "last_error": "connection refused by 10.0.0.5:554"},
+    }
+    for s in per_stream.values():
+        s["health"], s["health_reason"], s["stale"] = status.stream_health(s)
+    snap = {"results": 10, "elapsed_s": 3.0, "per_stream": per_stream}
+    server = MetricsServer("127.0.0.1", 0, lambda: snap)
+    server.start()
+    try:
+        browser.get(f"http://127.0.0.1:{server.address[1]}/")
+
+        def rows() -> dict[str, list[str]]:
+            return browser.execute_script(
+                "const out = {};"
+                "for (const r of document.querySelectorAll('#streams tbody tr'))"
+                "  out[r.id] = Array.from(r.querySelectorAll('td')).map(td => td.textContent);"
+                "return out;"
+            )
+
+        found = wait_for(lambda: len(rows()) == 3 and rows(), 15)
+        summary = browser.find_element("id", "summary").text
+        print(f"{summary}\n{found}")
+        cam, door, demo = found["stream-cam"], found["stream-door"], found["stream-demo"]
+        header = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#streams th')).map(th => th.textContent);"
+        )
+        column = {name: i for i, name in enumerate(header)}
+        assert cam[column["state"]] == "running" and cam[column["health"]].startswith("down: stale")
+        assert cam[column["last packet"]] == "12.3 s ago (STALE)"
+        assert demo[column["health"]] == "ok" and "STALE" not in demo[column["last packet"]]
+        assert door[column["last error"]] == "connection refused by 10.0.0.5:554"
+        assert "DEGRADED" in summary and "cam (stale" in summary and "door (reconnecting" in summary
+        red = browser.execute_script(
+            "return getComputedStyle(document.querySelector('#stream-cam td.age')).color;"
+        )
+        assert red == "rgb(204, 0, 0)", red  # the stale age is marked, not just written
+    finally:
+        server.close()
