@@ -82,7 +82,11 @@ def test_unit_file_runs_the_daemon_as_notify_with_watchdog() -> None:
         "Type=notify",
         "WatchdogSec=",
         "RestartPreventExitStatus=78",
-        "ExecStartPre=/opt/streamd/bin/streamd check",
-        "ExecReload=/bin/kill -HUP $MAINPID",  # systemctl reload: sinks reopen their files
+        "RuntimeDirectory=streamd",  # where `streamd reload` finds the daemon's reload outcome
+        "ExecReload=/opt/streamd/bin/streamd reload --pid $MAINPID",  # fails when the config is refused
+        "SystemCallErrorNumber=EPERM",
     ):
         assert line in text
+    # A failing ExecStartPre is restarted whatever its exit status (RestartPreventExitStatus sees only the
+    # main process), so a bad config at start would loop; `run` checks the config itself.
+    assert not re.search(r"^ExecStartPre=", text, re.M)
