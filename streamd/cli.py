@@ -107,21 +107,26 @@ def _main(args: argparse.Namespace, command: str) -> int:
 
 
 def _check(path: str, model: bool) -> int:
-    """``streamd check``: the config; with ``model``, the model file against it (onnx is imported only then,
-    so that ``--no-model`` stays quick)."""
+    """``streamd check``: the config, its stream files and sink files as this user sees them
+    (``streamd.config.access``); with ``model``, the model file against the config (onnx is imported only
+    then, so that ``--no-model`` stays quick)."""
     from streamd.config import ConfigError, load_config
+    from streamd.config.access import check_access
 
     config = load_config(path, model_file=model)
+    problems = check_access(config)
     summary = ""
     if model:
         from streamd.model_check import check_model
 
         report = check_model(config)
-        if report.problems:
-            raise ConfigError(report.problems)
-        for note in report.notes:
-            print(f"streamd: note: {note}", file=sys.stderr)
+        problems += report.problems
+        if not problems:
+            for note in report.notes:
+                print(f"streamd: note: {note}", file=sys.stderr)
         summary = f"; {report.summary}"
+    if problems:
+        raise ConfigError(problems)
     print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
     return EX_OK
 
