@@ -1,9 +1,17 @@
 """Zone events derived from tracks: ``enter`` when a track's detection comes into a zone (also when the track
-starts inside one), ``leave`` when it goes out, or when the track ends while inside. So every ``leave`` has an
-earlier ``enter`` of the same track and zone."""
+starts inside one), ``leave`` when it has been seen outside for the zone's ``leave_after_s`` of stream time
+without coming back, when the track ends while inside, or when the stream ends. So every ``leave`` has an
+earlier ``enter`` of the same track and zone, and every ``enter`` gets its ``leave``.
+
+Hysteresis: a box's anchor point jitters by a few pixels from frame to frame, so a track standing or
+walking along a zone's edge crosses it back and forth. Entering counts at once; going out starts a countdown
+that coming back in cancels, so the jitter costs no events at all, and a real walk out is reported once, at
+the frame that confirms it (``leave_after_s`` after the first frame outside).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,31 +26,44 @@ class ZoneEvent:
 
 
 class ZoneEvents:
-    """Per track, the zones it is in (a bool row over the stream's zones)."""
+    """Per track, the zones it is in (a bool row over the stream's zones) and, per zone, since when (stream
+    seconds) it has been seen outside while still counted in (NaN: not outside)."""
 
-    def __init__(self, zone_names: list[str]) -> None:
+    def __init__(self, zone_names: list[str], leave_after_s: float | Sequence[float] = 0.0) -> None:
         self.names = list(zone_names)
+        self.leave_after_s = np.broadcast_to(np.asarray(leave_after_s, np.float64), (len(self.names),))
         self.inside: dict[int, np.ndarray] = {}
+        self.out_since: dict[int, np.ndarray] = {}
         self.classes: dict[int, int] = {}
         self.counts = {"enter": 0, "leave": 0}
 
-    def update(self, track_id: np.ndarray, class_id: np.ndarray, membership: np.ndarray) -> list[ZoneEvent]:
-        """Tracked detections of one frame (track_id >= 0 rows only are read) -> enter/leave events."""
+    def update(
+        self, track_id: np.ndarray, class_id: np.ndarray, membership: np.ndarray, t: float = 0.0
+    ) -> list[ZoneEvent]:
+        """Tracked detections of one frame at stream time ``t`` (track_id >= 0 rows only are read) ->
+        enter/leave events."""
         events: list[ZoneEvent] = []
         rows = np.flatnonzero(track_id >= 0)
         if len(rows) == 0:
             return events
         ids = track_id[rows].tolist()
         classes = class_id[rows].tolist()
-        now = membership[rows]
-        empty = np.zeros(len(self.names), bool)
-        before = np.array([self.inside.get(tid, empty) for tid in ids]).reshape(now.shape)
-        enter, leave = now & ~before, before & ~now
+        seen_in = membership[rows]
+        z = len(self.names)
+        before = np.array([self.inside.get(tid, np.zeros(z, bool)) for tid in ids]).reshape(seen_in.shape)
+        since = np.array([self.out_since.get(tid, np.full(z, np.nan)) for tid in ids]).reshape(seen_in.shape)
+        going = before & ~seen_in  # counted in, seen outside
+        since = np.where(going, np.where(np.isnan(since), t, since), np.nan)
+        leave = going & (t - since >= self.leave_after_s - 1e-6)  # pts carry rounding from their time base
+        enter = seen_in & ~before
+        now = (before & ~leave) | seen_in
+        since[leave] = np.nan
         for i, k in zip(*np.nonzero(enter | leave), strict=True):  # only the changes
             kind = "enter" if enter[i, k] else "leave"
             events.append(ZoneEvent(kind, self.names[k], ids[i], classes[i]))
         for i, tid in enumerate(ids):
             self.inside[tid] = now[i]
+            self.out_since[tid] = since[i]
             self.classes[tid] = classes[i]
         self._count(events)
         return events
@@ -52,11 +73,16 @@ class ZoneEvents:
         events: list[ZoneEvent] = []
         for tid in track_ids:
             row = self.inside.pop(tid, None)
+            self.out_since.pop(tid, None)
             cls = self.classes.pop(tid, -1)
             if row is not None:
                 events.extend(ZoneEvent("leave", self.names[k], tid, cls) for k in np.flatnonzero(row))
         self._count(events)
         return events
+
+    def end_all(self) -> list[ZoneEvent]:
+        """The stream ended: ``leave`` for every track still in a zone (in track order)."""
+        return self.end(sorted(self.inside))
 
     def _count(self, events: list[ZoneEvent]) -> None:
         for e in events:

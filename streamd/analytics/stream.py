@@ -56,7 +56,9 @@ class StreamAnalytics:
         self.zones = ZoneSet(stream.zones) if stream.zones else None
         self.zones_only = bool(stream.zones_only)
         self.events = (
-            ZoneEvents(self.zones.names) if self.zones is not None and self.tracker is not None else None
+            ZoneEvents(self.zones.names, self.zones.leave_after_s)
+            if self.zones is not None and self.tracker is not None
+            else None
         )
         self.fill_skipped = self.tracker is not None and tracking.fill_skipped and self.rate is not None
         self.skipped = 0
@@ -155,9 +157,9 @@ class StreamAnalytics:
                 result = FrameResult(frame, det, result.latency_ms)
         if self.zones is not None:
             self._check_zones(frame)
-            notes.zones = self.zones.membership(det.xyxy, det.class_id)
+            notes.zones = self.zones.membership(det.xyxy, det.class_id, (frame.width, frame.height))
             if self.events is not None and notes.track_id is not None:
-                events = self.events.update(notes.track_id, det.class_id, notes.zones)
+                events = self.events.update(notes.track_id, det.class_id, notes.zones, stream_time(frame))
         if self.events is not None:
             events += self.events.end(ended)
         if self.zones_only and notes.zones is not None:
@@ -183,7 +185,7 @@ class StreamAnalytics:
         notes = Annotations(track_id=p.track_id, track_age=p.track_age, predicted=True)
         if self.zones is not None:
             notes.zone_names = self.zones.names
-            notes.zones = self.zones.membership(xyxy, p.class_id)
+            notes.zones = self.zones.membership(xyxy, p.class_id, (frame.width, frame.height))
             if self.zones_only:
                 keep = notes.zones.any(axis=1)
                 det = Detections(xyxy[keep], p.score[keep], p.class_id[keep])

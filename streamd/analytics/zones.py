@@ -3,6 +3,13 @@
 A detection is *in* a zone when its anchor point lies inside the polygon (even-odd rule). Anchors:
 ``bottom_center`` (default: where a person stands), ``center``, ``top_center``, ``bottom_left``,
 ``bottom_right``.
+
+The frame's border: boxes are clipped to the frame, so the anchor of an object cut off by the frame lies
+exactly on the border, and the even-odd rule puts a point on a polygon's right or bottom edge outside. A zone
+drawn to the border (``[384, 576]`` on a 768x576 frame) would then lose such a box whenever the detector's box
+reaches past the frame and keep it when it stops a fraction of a pixel short: membership flapped from frame to
+frame. So, once the frame size is known, polygon points on the border (x <= 0 or x >= width - 1, likewise y:
+the last pixel's row or column counts as the border) are moved ``EDGE_PX`` beyond it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,11 @@ from collections.abc import Sequence
 import numpy as np
 
 ANCHORS = ("bottom_center", "center", "top_center", "bottom_left", "bottom_right")
+EDGE_PX = 1.0  # how far beyond the frame's border a polygon point on the border is moved
+# Stream seconds a track must be seen outside a zone before it leaves (zones[].leave_after_s): a box's
+# anchor jitters by a few pixels from frame to frame, so a track on a zone's edge would enter and leave again
+# and again.
+DEFAULT_LEAVE_AFTER_S = 0.5
 
 
 def anchor_points(xyxy: np.ndarray, anchor: str) -> np.ndarray:
@@ -26,6 +38,16 @@ def anchor_points(xyxy: np.ndarray, anchor: str) -> np.ndarray:
         "bottom_right": (x2, y2),
     }[anchor]
     return np.stack([x, y], axis=1).astype(np.float64)
+
+
+def reach_border(polygon: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``polygon`` with its points on the frame's border moved ``EDGE_PX`` beyond it (module docstring)."""
+    out = polygon.copy()
+    for axis, size in ((0, width), (1, height)):
+        coord = out[:, axis]
+        coord[coord <= 0] = -EDGE_PX
+        coord[coord >= size - 1] = size + EDGE_PX
+    return out
 
 
 def polygon_edges(polygon: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -96,7 +118,7 @@ def polygon_problem(points: Sequence[Sequence[float]]) -> str | None:
 
 
 class ZoneSet:
-    """A stream's zones: ``membership(xyxy, class_id) -> (n, z)`` bool (detection i in zone k)."""
+    """A stream's zones: ``membership(xyxy, class_id, size) -> (n, z)`` bool (detection i in zone k)."""
 
     def __init__(self, zones: Sequence[object]) -> None:
         self.names = [z.name for z in zones]  # type: ignore[attr-defined]
@@ -107,6 +129,13 @@ class ZoneSet:
             None if z.classes is None else np.asarray(z.classes, np.int64)  # type: ignore[attr-defined]
             for z in zones
         ]
+        self.leave_after_s = [float(getattr(z, "leave_after_s", DEFAULT_LEAVE_AFTER_S)) for z in zones]
+        self._size: tuple[int, int] | None = None  # the frame size self.edges were fitted to (None: as drawn)
+
+    def _fit(self, size: tuple[int, int]) -> None:
+        if size != self._size and min(size) > 0:
+            self._size = size
+            self.edges = [polygon_edges(reach_border(p, *size)) for p in self.polygons]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -119,8 +148,13 @@ class ZoneSet:
             if (p[:, 0] > width).any() or (p[:, 1] > height).any()
         ]
 
-    def membership(self, xyxy: np.ndarray, class_id: np.ndarray) -> np.ndarray:
+    def membership(
+        self, xyxy: np.ndarray, class_id: np.ndarray, size: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """Which zones each box is in; ``size`` (width, height) of the frame the boxes are clipped to."""
         out = np.zeros((len(xyxy), len(self.names)), bool)
+        if size is not None:
+            self._fit(size)
         if len(xyxy) == 0:
             return out
         points: dict[str, np.ndarray] = {}
