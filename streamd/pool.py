@@ -28,7 +28,8 @@ from typing import Any
 
 from streamd.config import Config
 from streamd.sinks import SinkSet
-from streamd.worker import STREAM_COUNTERS, Record, Resume, WorkerSpec, worker_main
+from streamd.worker import STREAM_COUNTERS, Record, Resume
+from streamd.worker_process import WorkerSpec, worker_main
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
 
@@ -101,6 +102,8 @@ class WorkerSlot:
     restart_at: float | None = None
     last_progress: float = 0.0
     last_results: int = -1
+    last_message: float = 0.0  # monotonic time of the last message from its process (a sign of life)
+    edits: list[tuple[list[str], list[str]]] = field(default_factory=list)  # ("streams" replies) to act on
 
     @property
     def alive(self) -> bool:
@@ -116,6 +119,9 @@ class WorkerPool:
     HEALTHY_S = 60.0  # a worker that ran this long resets its restart backoff
     MAX_CRASHES = 5  # a worker that dies this many times in a row without becoming ready is given up
     DRAIN_S = 30.0  # after a stop: how long workers may take to finish what is in flight
+    # A ready worker sends stats at least once a second; silent this long, it is wedged (SIGSTOP, a native
+    # call that never returns, a deadlock): killed, and its streams resume elsewhere.
+    SILENT_S = 6.0
 
     def __init__(
         self,
@@ -172,6 +178,23 @@ class WorkerPool:
             self.owner[sid] = w
         self.spawn(w)
 
+    def stream_configs(self, stream_ids: tuple[str, ...]) -> tuple:
+        """The running config's settings of these streams (a worker built before a reload has old ones)."""
+        wanted = set(stream_ids)
+        return tuple(s for s in self.config.streams if s.id in wanted)
+
+    def worker_for_new_stream(self) -> WorkerSlot | None:
+        """Where a stream a reload adds goes: the running worker with the fewest streams; None (a new worker)
+        when there is none, or when on a GPU with ``pipeline.workers: auto`` each carries its share."""
+        running = [w for w in self.workers if not (w.retired or w.done or w.gave_up) and w.stream_ids]
+        if not running:
+            return None
+        target = min(running, key=lambda w: len(w.stream_ids))
+        auto_gpu = self.config.pipeline.workers == "auto" and self.config.engine.type != "onnxruntime"
+        if auto_gpu and gpu_present() and len(target.stream_ids) >= STREAMS_PER_WORKER:
+            return None
+        return target
+
     def resume_for(self, stream_ids: tuple[str, ...]) -> dict[str, Resume]:
         """Where each of these streams continues (after its newest line written), for those that ran."""
         return {sid: self._resume[sid] for sid in stream_ids if sid in self._resume}
@@ -184,7 +207,7 @@ class WorkerPool:
         self.workers.append(successor)
         for sid in old.stream_ids:
             self.owner[sid] = successor
-        self.send(successor, ("adopt", old.stream_ids, resume))
+        self.send(successor, ("adopt", self.stream_configs(old.stream_ids), resume))
 
     def drop_spare(self) -> None:
         """End the spares (they hold an old model); new ones are built a few seconds later."""
@@ -205,7 +228,8 @@ class WorkerPool:
                 continue
             if spare is not None and spare.error is not None:
                 why = spare.error[1]
-                log.warning("spare worker on GPU %d could not start (%s); none there", device, why)
+                where = f"on GPU {device} " if gpu_present() else ""
+                log.warning("spare worker %scould not start (%s); none there", where, why)
                 del self.spares[device]
                 self._no_spare.add(device)
                 continue
@@ -236,7 +260,7 @@ class WorkerPool:
             self.owner[sid] = spare
         del self.spares[dead.device]
         self._spare_at[dead.device] = time.monotonic() + 1.0
-        self.send(spare, ("adopt", dead.stream_ids, resume))
+        self.send(spare, ("adopt", self.stream_configs(dead.stream_ids), resume))
         return True
 
     def spawn(self, w: WorkerSlot, *, hold: bool | None = None) -> None:
@@ -251,7 +275,7 @@ class WorkerPool:
         child.close()
         w.process, w.conn = proc, parent
         w.ready = w.done = w.failed = False
-        w.started_at = w.last_progress = time.monotonic()
+        w.started_at = w.last_progress = w.last_message = time.monotonic()
         w.restart_at = None
         w.reader = threading.Thread(target=self._read, args=(w, parent), name=f"read-w{w.index}", daemon=True)
         w.reader.start()
@@ -265,6 +289,7 @@ class WorkerPool:
                 message = conn.recv()
             except (EOFError, OSError):
                 return
+            w.last_message = time.monotonic()
             kind = message[0]
             if kind == "lines":
                 records: list[Record] = message[1]
@@ -287,7 +312,8 @@ class WorkerPool:
                 self.info = message[1]
                 w.ready, w.ready_at = True, time.monotonic()
                 if w.index < 0:  # the spare, built and idle
-                    log.info("spare worker ready on GPU %d (pid %d)", w.device, message[1]["pid"])
+                    where = f" on GPU {w.device}" if message[1].get("gpu") else ""
+                    log.info("spare worker ready%s (pid %d)", where, message[1]["pid"])
                     continue
                 log.info(
                     "worker %d %s (pid %d): stream(s) %s",
@@ -300,6 +326,8 @@ class WorkerPool:
                     pending[0].set()
             elif kind == "error":
                 w.error = (message[1], message[2])
+            elif kind == "streams":  # a reload's in-place change is through: (removed, refused)
+                w.edits.append((list(message[1]), list(message[2])))
             elif kind == "done":
                 w.failed, w.done = bool(message[1]), True
 
@@ -337,6 +365,14 @@ class WorkerPool:
                     self.spawn(w)
                 continue
             if w.alive:
+                silent = now - w.last_message
+                if w.ready and silent > self.SILENT_S:
+                    log.error(
+                        "worker %d (pid %d) silent for %.0f s (wedged); killing it, stream(s) %s resume",
+                        w.index, w.process.pid, silent, ", ".join(w.stream_ids),
+                    )  # fmt: skip
+                    w.process.kill()
+                    w.process.join(timeout=5)
                 continue
             if w.reader is not None:
                 w.reader.join(timeout=10)  # every line it sent is in the sinks before its streams resume

@@ -33,7 +33,7 @@ from streamd.config import Config
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.metrics import MetricsServer
 from streamd.pool import WorkerPool, WorkerSlot, plan_workers
-from streamd.reload import plan_reload, reread
+from streamd.reload import ReloadPlan, plan_reload, reread
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 
@@ -297,36 +297,9 @@ class Supervisor:
             engine=new.engine,
             tracking=new.tracking,
         )
-        going = {s.id for s in plan.changed} | set(plan.removed)
-        moving: list[str] = []
-        for old, successor in list(self._switches):  # a pending model switch must not revive these
-            if going & set(old.stream_ids):
-                self.pool.send(successor, ("abort",))
-                self._switches.remove((old, successor))
-                if old.retired:  # already draining for the switch: its other streams start anew below
-                    moving += [sid for sid in old.stream_ids if sid not in going]
-        if plan.added or plan.changed:  # the spare knows only the streams of the config it was built with
-            self.pool.drop_spare()
-        for w in self.workers:
-            if w.retired or w.done or w.gave_up or not going & set(w.stream_ids):
-                continue
-            w.retired = True
-            self.pool.send(w, ("stop",))  # drains what is in flight; every line it wrote stays
-            moving += [sid for sid in w.stream_ids if sid not in going]
-        for sid in plan.removed:
-            leaving = self.pool.owner.pop(sid, None)
-            if leaving is not None:
-                self._leaving[sid] = leaving  # sinks hear of it once its last line is out
-        if moving:
-            log.warning(
-                "reload: stream(s) %s shared a worker with a changed stream; they move", ", ".join(moving)
-            )
-            self._waiting.append(tuple(moving))
-        if plan.model_changed:  # before new workers start: those load the new model anyway
+        self._edit_streams(plan)
+        if plan.model_changed:
             self._switch_model()
-        starting = tuple(s.id for s in (*plan.added, *plan.changed))
-        if starting:
-            self._waiting.append(starting)
         self._spawn_waiting()
         log.info("reload: %s", plan.describe())
         message = f"applied: {plan.describe()}"
@@ -335,6 +308,55 @@ class Supervisor:
             log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
             message += f" ({what} changed: needs a restart, kept the running one)"
         return True, message
+
+    def _edit_streams(self, plan: ReloadPlan) -> None:
+        """Streams removed, changed or added by a reload, in place in the workers that carry them: only the
+        touched streams stop and start, every other stream goes on untouched. A worker left with no stream
+        drains and finishes; an added stream goes to the least loaded worker, or a new one when every worker
+        carries its share (``STREAMS_PER_WORKER``, GPU with ``pipeline.workers: auto``)."""
+        removed, changed = set(plan.removed), {s.id: s for s in plan.changed}
+        for w in self.workers:
+            if (w.retired and not any(old is w for old, _ in self._switches)) or w.done or w.gave_up:
+                continue
+            gone = [sid for sid in w.stream_ids if sid in removed]
+            edits = tuple(changed[sid] for sid in w.stream_ids if sid in changed)
+            if not gone and not edits:
+                continue
+            w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in removed)
+            for sid in gone:
+                self.pool.owner.pop(sid, None)
+                self._leaving[sid] = w  # the sinks hear of it once the worker has let it go
+            if w.retired:  # draining for a model switch: its successor adopts what is left, as configured now
+                continue
+            if not w.stream_ids:  # nothing left: it drains and finishes; every line it wrote stays
+                w.retired = True
+                self.pool.send(w, ("stop",))
+            elif w.alive:
+                self.pool.send(w, ("streams", gone, edits, {}))
+        for sc in plan.added:
+            target = self.pool.worker_for_new_stream()
+            if target is None:
+                self._waiting.append((sc.id,))
+                continue
+            target.stream_ids += (sc.id,)
+            self.pool.owner[sc.id] = target
+            if target.alive:
+                self.pool.send(target, ("streams", [], (sc,), self.pool.resume_for((sc.id,))))
+
+    def _stream_edits_done(self) -> None:
+        """A worker's answer to an in-place edit: removed streams leave the sinks (MQTT marks them offline);
+        streams it could not take (its streams had all ended) start in a new worker."""
+        for w in self.workers:
+            while w.edits:
+                removed, refused = w.edits.pop(0)
+                for sid in removed:
+                    if self._leaving.get(sid) is w:
+                        del self._leaving[sid]
+                        if self.sink_set is not None and sid not in self.pool.owner:
+                            self.sink_set.stream_removed(sid)
+                if refused:
+                    w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in refused)
+                    self._waiting.append(tuple(refused))
 
     def _switch_model(self) -> None:
         """A new model or engine: beside each running worker a successor builds the new engine (held, no
@@ -382,6 +404,7 @@ class Supervisor:
         once their worker's last line is out (MQTT marks them offline); move streams to workers that
         built a new model."""
         self._advance_switches()
+        self._stream_edits_done()
         for sid, w in list(self._leaving.items()):
             reader_done = w.reader is None or not w.reader.is_alive()
             if w.done or (not w.alive and reader_done):

@@ -1,40 +1,26 @@
 """One worker's pipeline: its share of the streams -> ingest -> batcher -> slot ring -> engine -> JSON lines.
 
-``Pipeline`` is the whole data path of one process (what one ``streamd run`` was before it became a
-supervisor); ``worker_main`` runs it in a worker process and talks to the supervisor over a pipe:
-
-    worker -> supervisor   ("ready", info) · ("lines", [Record, ...]) per batch · ("stats", dict) twice a
-                           second · ("error", exit_code, message) when it cannot start · ("done", failed)
-    supervisor -> worker   ("go",) start the streams (first start: once every worker is built) · ("adopt",
-                           stream_ids, resumes) a spare takes over a dead worker's streams, then starts ·
-                           ("stop",) drain and finish · ("abort",) finish now · ("snapshot", stream_id)
-
-Records carry the stream's frame index, pts and wall time next to the finished line, so the supervisor can
-resume a restarted worker's streams where they stopped without parsing JSON. The worker never outlives its
-supervisor: a closed pipe means stop.
+``Pipeline`` is the whole data path of one worker process (``streamd.worker_process`` runs it and talks to
+the supervisor). Results leave as ``Record``s, one list per batch, each stream's frames in order; a record
+carries the frame index, pts and wall time next to the finished line, so the supervisor can resume a
+stream in another process where it stopped (``Resume``) without parsing JSON.
 """
 
 from __future__ import annotations
 
 import functools
-import gc
 import importlib.util
 import logging
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from streamd import logutil
-from streamd.analytics.stream import build_analytics
+from streamd.analytics.stream import StreamAnalytics
 from streamd.config import Config, StreamConfig
 from streamd.decode import wait_closed
-from streamd.exitcodes import EX_CONFIG, EX_SOFTWARE, StartupError
+from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.ingest import StreamWorker
 from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher
@@ -70,16 +56,6 @@ class Resume:
     index: int
     pts: float | None
     wall_time: float
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    index: int
-    config: Config
-    stream_ids: tuple[str, ...]
-    device: int
-    resume: dict[str, Resume] = field(default_factory=dict)
-    hold: bool = False  # after "ready", wait for ("go",): every worker's streams start together
 
 
 def build_stages(config: Config, device: int | None = None) -> Stages:
@@ -147,6 +123,31 @@ def choose_decoder(requested: str, gpu_engine: bool) -> str:
     return "nvdec" if gpu_engine and importlib.util.find_spec("PyNvVideoCodec") is not None else "cpu"
 
 
+class _StopAll(threading.Event):
+    """The pipeline's stop event; setting it also stops every stream. Each stream reads its own event, so a
+    reload can stop one stream while the others go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._streams: list[threading.Event] = []
+
+    def set(self) -> None:
+        super().set()
+        for event in list(self._streams):
+            event.set()
+
+    def stream_event(self) -> threading.Event:
+        event = threading.Event()
+        if self.is_set():
+            event.set()
+        self._streams.append(event)
+        return event
+
+    def forget(self, event: threading.Event) -> None:
+        if event in self._streams:
+            self._streams.remove(event)
+
+
 class Pipeline:
     """The data path for ``streams``: build (engine, stages), start, results via ``emit``, stop, close.
 
@@ -166,7 +167,7 @@ class Pipeline:
         self.device = config.engine.device if device is None else device
         self._emit = emit
         self._resume = resume or {}
-        self.stop = threading.Event()  # stop reading, drain what is in flight
+        self.stop = _StopAll()  # stop reading, drain what is in flight
         self.stages: Stages | None = None
         self.scheduler: Scheduler | None = None
         self.batcher: Batcher | None = None
@@ -182,6 +183,10 @@ class Pipeline:
         self._rates: dict[str, tuple[float, float, bool]] = {}
         self.results = 0
         self._started = False
+        # Counters of stream incarnations a reload replaced or removed (per stream id): a stream's counters
+        # never go back, whichever StreamWorker carries it.
+        self._carried: dict[str, dict[str, int]] = {}
+        self._edit_lock = threading.Lock()  # one reconfiguration at a time; start() waits for it
 
     def build(self) -> None:
         """Load the engine and set up the stages; raises StartupError (nothing left open) on failure."""
@@ -205,31 +210,101 @@ class Pipeline:
         self._add_streams()
 
     def _add_streams(self) -> None:
-        cfg, batcher = self.config, self.batcher
-        assert batcher is not None
-        # detect_fps, zones, tracking, events (issue 9), per stream; None where a stream uses none of them
-        mine = {s.id for s in self.streams}
-        self.analytics = {sid: a for sid, a in build_analytics(cfg).items() if sid in mine}
-        options: dict[str, int] = {}
         if self.decoder == "nvdec":
             self.latest = LatestFrames(self.config.model.class_names, to_host=nv12_surface_to_bgr)
+        for sc in self.streams:
+            self.workers.append(self._stream_worker(sc, self._resume.get(sc.id)))
+
+    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamWorker:
+        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook."""
+        cfg, batcher = self.config, self.batcher
+        assert batcher is not None
+        options: dict[str, int] = {}
+        if self.decoder == "nvdec":
             # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
             # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
-        for sc in self.streams:
-            policy = "latest" if sc.is_live or sc.realtime else "block"
-            q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-            worker = StreamWorker(
-                sc, q, self.stop, decoder=self.decoder, device=self.device, decoder_options=options
-            )
-            if (hook := self.analytics.get(sc.id)) is not None:
-                worker.analytics = hook  # detect_fps skips; predicted lines of skipped frames
-                worker.on_lines = functools.partial(self._hook_lines, stream_id=sc.id)
-            if (r := self._resume.get(sc.id)) is not None:
-                worker.resume_at(r.index, r.pts, r.wall_time)
-            if self.decoder == "nvdec":  # the status page: one surface copied to the host per request (ops)
-                worker.on_frame = self.latest.capture
-            self.workers.append(worker)
+        policy = "latest" if sc.is_live or sc.realtime else "block"
+        q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
+        worker = StreamWorker(
+            sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
+        )
+        # detect_fps, zones, tracking, events; none where the stream uses none of them
+        hook = StreamAnalytics(sc, cfg.model.class_names)
+        if hook.active:
+            self.analytics[sc.id] = hook
+            worker.analytics = hook  # detect_fps skips; predicted lines of skipped frames
+            worker.on_lines = functools.partial(self._hook_lines, stream_id=sc.id)
+        else:
+            self.analytics.pop(sc.id, None)
+        if resume is not None:
+            worker.resume_at(resume.index, resume.pts, resume.wall_time)
+        if self.decoder == "nvdec":  # the status page: one surface copied to the host per request (ops)
+            worker.on_frame = self.latest.capture
+        self.latency.setdefault(sc.id, LatencyHistograms())
+        return worker
+
+    def reconfigure(
+        self, remove: Sequence[str], upsert: Sequence[StreamConfig], resume: dict[str, Resume] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """A reload, in place: streams in ``remove`` stop; each of ``upsert`` starts, or replaces the running
+        stream of its id (its frame numbering and timeline continue; a stream new to this process continues
+        from ``resume``, where it stopped in the run). The other streams never pause: only
+        the touched streams' threads stop and start. Returns (removed ids, refused ids): refused when the
+        pipeline has already finished (every stream ended), so the supervisor starts them elsewhere."""
+        with self._edit_lock:
+            if self._started and self.scheduler is not None and self.scheduler.join(0):
+                return [], [s.id for s in upsert]
+            touched = set(remove) | {s.id for s in upsert}
+            leaving = [w for w in self.workers if w.cfg.id in touched]
+            for w in leaving:  # stop the touched streams; their queued frames still go through
+                w.stop.set()
+            positions: dict[str, Resume] = {}
+            for w in leaving:
+                w.join(timeout=10)
+                self.stop.forget(w.stop)
+                self._retire_counters(w)
+                self.workers.remove(w)
+                if w._index:  # where its successor continues: frame numbering and timeline
+                    wall = time.time() - max(0.0, time.monotonic() - w._last_frame_time)
+                    positions[w.cfg.id] = Resume(w._index, w._last_out, wall)
+            # The successors' queues join the batcher before the old ones are gone: a worker whose only
+            # stream changes must not read as finished in between.
+            arriving = [
+                self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
+            ]
+            for w in leaving:
+                self._wait_drained(w.out)
+                assert self.batcher is not None
+                self.batcher.discard(w.out)
+                if w.cfg.id in set(remove):
+                    self._finish_analytics(w.cfg.id)
+            self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
+            for worker in arriving:
+                self.workers.append(worker)
+                if self._started:
+                    worker.start()
+            return [w.cfg.id for w in leaving if w.cfg.id in set(remove)], []
+
+    def _wait_drained(self, q: Any, timeout: float = 10.0) -> None:
+        """Until the batcher has taken every frame of a stopped stream's queue: its successor's frames then
+        come in later batches, so a stream's lines stay in frame order."""
+        deadline = time.monotonic() + timeout
+        while len(q) and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(0.005)
+
+    def _retire_counters(self, w: StreamWorker) -> None:
+        carried = self._carried.setdefault(w.cfg.id, dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0))
+        for key in STREAM_COUNTERS:
+            carried[key] += getattr(w.stats, key)
+        carried["dropped"] += w.out.dropped
+
+    def _finish_analytics(self, stream_id: str) -> None:
+        hook = self.analytics.pop(stream_id, None)
+        if hook is not None:
+            with hook.lock:
+                if lines := hook.finish():
+                    self._hook_lines(lines, stream_id)
 
     def _on_results(self, results: list[FrameResult]) -> None:
         """One batch: plain streams go out as one message; a stream with analytics sends its lines under its
@@ -254,17 +329,18 @@ class Pipeline:
 
     def _hook_lines(self, lines: list[str], stream_id: str) -> None:
         """Lines analytics writes outside a result (predicted boxes of skipped frames, held events)."""
-        worker = next((w for w in self.workers if w.cfg.id == stream_id), None)
+        worker = next((w for w in reversed(self.workers) if w.cfg.id == stream_id), None)
         r = self._resume.get(stream_id)
         index = worker._index - 1 if worker is not None else (r.index if r else 0)
         self._emit([Record(stream_id, index, None, time.time(), line) for line in lines])
 
     def start(self) -> None:
         assert self.scheduler is not None, "build() first"
-        self._started = True
-        self.scheduler.start()
-        for w in self.workers:
-            w.start()
+        with self._edit_lock:
+            self._started = True
+            self.scheduler.start()
+            for w in self.workers:
+                w.start()
 
     def abort(self) -> None:
         self.stop.set()
@@ -304,14 +380,15 @@ class Pipeline:
         error = self.scheduler is not None and self.scheduler.error is not None
         return error or any(w.stats.state == "failed" for w in self.workers)
 
+    @staticmethod
     def _window_rates(
-        self, before: Totals, totals: Totals, dt: float
+        workers: Sequence[StreamWorker], before: Totals, totals: Totals, dt: float
     ) -> dict[str, tuple[float, float, bool]]:
         """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or
         a file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window
         it ran all through (one that began mid-window, e.g. at a busy start, has not fallen behind)."""
         rates = {}
-        for w in self.workers:
+        for w in workers:
             sid = w.cfg.id
             if sid not in before or sid not in totals:
                 continue
@@ -327,24 +404,31 @@ class Pipeline:
     def stats(self) -> dict[str, Any]:
         """Plain counters: per stream, plus the pipeline's own (read from another thread; values may be a
         tick apart, never inconsistent in type)."""
-        queues = self.batcher.queues if self.batcher is not None else ()
+        workers = list(self.workers)  # a reload may edit the list meanwhile
         per_stream: dict[str, dict[str, Any]] = {}
         now = time.monotonic()
         mark, before = self._mark
+        none = dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0)
+        counts = {}
+        for w in workers:
+            carried = self._carried.get(w.cfg.id, none)
+            c = {k: getattr(w.stats, k) + carried[k] for k in STREAM_COUNTERS}
+            c["dropped"] = w.out.dropped + carried["dropped"]
+            counts[w.cfg.id] = c
         totals = {
-            w.cfg.id: (self.latency[w.cfg.id].results, w.stats.decoded, q.dropped, w.stats.state == "running")
-            for w, q in zip(self.workers, queues, strict=False)
+            sid: (self.latency[sid].results, c["decoded"], c["dropped"], w.stats.state == "running")
+            for w in workers
+            for sid, c in ((w.cfg.id, counts[w.cfg.id]),)
         }
         if now - mark >= 2.0:
-            self._mark, self._rates = (now, totals), self._window_rates(before, totals, now - mark)
-        for w, q in zip(self.workers, queues, strict=False):
+            self._mark, self._rates = (now, totals), self._window_rates(workers, before, totals, now - mark)
+        for w in workers:
             s = w.stats
             sid = w.cfg.id
             fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
             per_stream[sid] = {
                 "state": s.state,
-                **{k: getattr(s, k) for k in STREAM_COUNTERS},
-                "dropped": q.dropped,
+                **counts[sid],
                 "inferred": totals[sid][0],
                 "fps": round(fps, 2),
                 "decode_fps": round(decode_fps, 2),
@@ -354,10 +438,14 @@ class Pipeline:
                 "last_error": s.last_error,
                 "last_packet_age_s": s.last_packet_age_s,
             }
+        for sid, carried in list(self._carried.items()):  # removed by a reload: its counts stay counted
+            if sid not in per_stream:
+                per_stream[sid] = {"state": "removed", **carried, "inferred": self.latency[sid].results}
+                per_stream[sid]["latency"] = self.latency[sid].to_dict()
         sched = self.scheduler
         return {
             "results": self.results,
-            "behind": sorted(sid for sid, st in per_stream.items() if st["behind"]),
+            "behind": sorted(sid for sid, st in per_stream.items() if st.get("behind")),
             "batches": sched.batches if sched else 0,
             "frames": sched.frames if sched else 0,
             "batch_size": self.config.pipeline.batch_size,
@@ -365,138 +453,3 @@ class Pipeline:
             "error": repr(sched.error) if sched and sched.error else None,
             "per_stream": per_stream,
         }
-
-
-# -- the worker process -------------------------------------------------------------------------------------
-
-
-class _Channel:
-    """The worker's end of the pipe; sends are serialised (the collect and main threads share it)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def send(self, message: tuple) -> None:
-        if self.closed:
-            return
-        with self._lock:
-            self._send(message)
-
-    def send_stats(self, pipeline: Pipeline) -> None:
-        """Counters are taken and sent under the lock: two threads send them, and an older snapshot must
-        never overtake a newer one (the supervisor's totals would go back)."""
-        if self.closed:
-            return
-        with self._lock:
-            self._send(("stats", pipeline.stats()))
-
-    def _send(self, message: tuple) -> None:
-        try:
-            self.conn.send(message)
-        except (OSError, EOFError, ValueError):  # the supervisor is gone: stop quietly
-            self.closed = True
-
-
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of a worker process (multiprocessing, spawn)."""
-    # Ctrl-C in a terminal reaches the whole process group: the supervisor decides, the worker follows it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload/reopen is the supervisor's business
-    config = spec.config
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker{spec.index} %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    channel = _Channel(conn)
-    streams = [s for s in config.streams if s.id in spec.stream_ids]
-    last_stats = 0.0
-
-    def emit(records: list[Record]) -> None:
-        nonlocal last_stats
-        now = time.monotonic()
-        if now - last_stats >= 0.25:  # counters travel ahead of the lines they describe
-            last_stats = now
-            channel.send_stats(pipeline)
-        channel.send(("lines", records))
-
-    pipeline = Pipeline(config, streams, emit, device=spec.device, resume=spec.resume)
-    # systemd (KillMode=control-group) or an operator may signal the worker directly: drain like "stop".
-    signal.signal(signal.SIGTERM, lambda *_: pipeline.stop.set())
-    try:
-        pipeline.build()
-    except StartupError as exc:
-        channel.send(("error", exc.code, str(exc)))
-        return
-    except Exception as exc:
-        log.debug("start-up failure", exc_info=True)
-        channel.send(("error", EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
-        return
-    # What start-up built lives as long as the process: the GC need not walk it again (~0.2 s pauses).
-    gc.collect()
-    gc.freeze()
-    go = threading.Event()
-    if not spec.hold:
-        go.set()
-    adoption: list[tuple[tuple[str, ...], dict[str, Resume]]] = []  # a spare's streams, given with "adopt"
-    commands = threading.Thread(
-        target=_commands, args=(conn, channel, pipeline, go, adoption), name="commands"
-    )
-    commands.daemon = True
-    commands.start()
-    try:
-        engine = pipeline.stages.engine.name if pipeline.stages else "?"
-        channel.send(("ready", {"pid": os.getpid(), "engine": engine, "decoder": pipeline.decoder}))
-        while not go.wait(0.25):  # the first start: streams begin when every worker is built
-            if pipeline.stop.is_set() or channel.closed:
-                break
-        if adoption:  # a spare taking over a dead worker's streams
-            ids, resume = adoption[0]
-            pipeline.adopt([s for s in config.streams if s.id in ids], resume)
-            channel.send(("ready", {"pid": os.getpid(), "engine": engine, "decoder": pipeline.decoder}))
-        if go.is_set() and not pipeline.stop.is_set():
-            pipeline.start()
-        while not pipeline.join(timeout=0.5):
-            channel.send_stats(pipeline)
-            if channel.closed:
-                pipeline.abort()
-    finally:
-        pipeline.close()
-        logutil.flush_all()  # counts of repeated warnings still held back
-        channel.send_stats(pipeline)
-        channel.send(("done", pipeline.failed))
-
-
-def _commands(
-    conn: Connection,
-    channel: _Channel,
-    pipeline: Pipeline,
-    go: threading.Event,
-    adoption: list[tuple[tuple[str, ...], dict[str, Resume]]],
-) -> None:
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the supervisor died: finish what is in flight and exit
-            channel.closed = True
-            pipeline.abort()
-            return
-        kind = message[0]
-        if kind == "go":
-            go.set()
-        elif kind == "adopt":
-            adoption.append((tuple(message[1]), dict(message[2])))
-            go.set()
-        elif kind == "stop":
-            pipeline.stop.set()
-        elif kind == "abort":
-            pipeline.abort()
-        elif kind == "snapshot":  # the status page asked: encode off the frame path, on this thread
-            try:
-                jpeg = pipeline.latest.jpeg(message[1])
-            except Exception:
-                log.exception("snapshot of %s failed", message[1])
-                jpeg = None
-            channel.send(("snapshot", message[1], jpeg))

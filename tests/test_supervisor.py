@@ -282,12 +282,12 @@ def test_a_stream_that_starts_mid_window_is_not_behind() -> None:
         cfg = SimpleNamespace(id=sid, is_live=live, realtime=False)
         return SimpleNamespace(cfg=cfg, nominal_fps=30.0, stats=SimpleNamespace(state="running"))
 
-    pipeline = SimpleNamespace(workers=[stream(s) for s in "abcd"] + [stream("file", live=False)])
+    workers = [stream(s) for s in "abcd"] + [stream("file", live=False)]
     before = {"a": (0, 0, 0, False), "b": (0, 0, 0, True), "c": (0, 0, 0, True), "d": (0, 0, 0, False)}
     before["file"] = (0, 0, 0, True)
     after = {"a": (20, 20, 0, True), "b": (20, 20, 0, True), "c": (60, 60, 0, True), "d": (20, 20, 3, True)}
     after["file"] = (20, 20, 0, True)
-    rates = Pipeline._window_rates(pipeline, before, after, 2.0)  # type: ignore[arg-type]
+    rates = Pipeline._window_rates(workers, before, after, 2.0)  # type: ignore[arg-type]
     assert {sid: r[2] for sid, r in rates.items()} == {
         "a": False,  # 10 fps, but it started in this window
         "b": True,  # 10 fps all through the window

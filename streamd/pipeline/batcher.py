@@ -115,6 +115,15 @@ class Batcher:
             self._queues.append(q)
             return q
 
+    def discard(self, q: StreamQueue) -> None:
+        """Forget a closed, drained queue (a reload replaced or removed its stream). The last queue stays, so
+        that a pipeline whose streams all ended still reads as finished."""
+        with self.cond:
+            if q.closed and not q._frames and q in self._queues and len(self._queues) > 1:
+                self._queues.remove(q)
+                self._last_frame.pop(id(q), None)
+                self._turn %= len(self._queues)
+
     @property
     def queues(self) -> Sequence[StreamQueue]:
         return tuple(self._queues)
