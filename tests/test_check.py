@@ -4,6 +4,7 @@ that do not open as video, sinks the running user cannot write; `--no-model` nee
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,29 @@ def test_sinks_are_checked_as_the_user_running_check(shared_dir: Path) -> None:
     if root:  # the same config is fine for root, who may write there
         proc = subprocess.run(check[len(as_user) :], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
+
+
+HEAVY = ("onnx", "onnxruntime", "cv2", "torch", "tensorrt", "google.protobuf", "ml_dtypes")
+
+
+def test_check_without_the_model_is_quick(tmp_path: Path) -> None:
+    """`check --no-model` (a file stream opened, a jsonl sink checked) imports none of the heavy modules and
+    costs less than 0.5 s of CPU. CPU time, not wall time: on a busy box a process waits for a core, but
+    what it computes stays the same (the onnx import alone cost about 0.4 s of it)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"streams:\n  - id: a\n    url: {CLIP}\nsinks:\n  - type: jsonl\n    path: out.jsonl\n")
+    check = [sys.executable, "-X", "importtime", "-m", "streamd", "check", "--no-model", str(cfg)]
+    proc = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "av" in imported  # the stream file was opened with PyAV, the backend run uses
+    heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY or m in HEAVY)
+    assert not heavy, heavy
+    cpu = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert run_streamd("check", "--no-model", str(cfg)).returncode == 0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    print(f"check --no-model: {min(cpu):.3f} s of CPU (best of 3)")
+    assert min(cpu) < 0.5, cpu

@@ -19,6 +19,7 @@ from streamd.config._fields import (
     suggest,
 )
 from streamd.config.coco import COCO_NAMES
+from streamd.config.onnx_meta import read_metadata_props
 from streamd.resources import bundled_path
 
 DEFAULT_MODEL = bundled_path("models", "nanodet-coco.onnx")
@@ -249,13 +250,11 @@ def defaults_from_metadata(model: Path) -> dict[str, object]:
     ``imgsz`` [h, w]) and ``names`` (a JSON list, or Ultralytics' ``{0: 'person', ...}``). They fill only what
     the config leaves out; a value that does not parse is ignored (the config's own default applies).
     """
-    if model.suffix.lower() != ".onnx":
+    if model.suffix.lower() != ".onnx" or not model.is_file():
         return {}
     try:
-        import onnx
-
-        meta = {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
-    except Exception:  # not loadable here: the engine reports it with the details
+        meta = read_metadata_props(model)
+    except (OSError, ValueError):  # not readable as ONNX: the model check and the engine report it
         return {}
     found: dict[str, object] = {}
     if meta.get("channel_order") in ("rgb", "bgr"):
