@@ -20,6 +20,7 @@ The snapshot dict (every key optional except ``per_stream``)::
         stale: bool, last_packet_age_s: float | None, last_error: str
         stalled: bool                  this stream delivers nothing although it should (or state 'stalled')
         worker: str | int              the worker process carrying the stream (a label)
+        worker_exists: bool            False once that process finished or a reload retired it (no series)
         decoded, inferred, skipped, dropped, decode_errors, read_errors, reconnects, stalls: int (counters)
         fps: float                     results per second, recent
         latency: LatencyHistograms.to_dict()   per-stage latency histograms (since the worker started)
@@ -243,11 +244,9 @@ class SnapshotCollector:
             "1 for the worker process carrying the stream.",
             labels=["stream", "worker"],
         )
-        existing = {str(w) for w in snap["workers"]} if "workers" in snap else None
         for sid, s in per_stream.items():
-            worker = str(s.get("worker", "0"))
-            if existing is None or worker in existing:  # not a finished or retired worker's
-                carrier.add_metric([sid, worker], 1)
+            if s.get("worker_exists", True):  # not a finished or retired worker's
+                carrier.add_metric([sid, str(s.get("worker", "0"))], 1)
         yield carrier
 
         for name, help_text in COUNTERS.items():

@@ -87,7 +87,7 @@ def snapshot(
             s["state"], s["unresponsive_s"] = "unresponsive", round(silent, 1)
         else:
             s.setdefault("state", "starting")
-        s["worker"] = w.index
+        s["worker"], s["worker_exists"] = w.index, exists(w)
         s["health"], s["health_reason"], s["stale"] = stream_health(s, stale_after_s)
         per_stream[sid] = s
     current = [w for w in workers if exists(w)]
