@@ -1,4 +1,4 @@
-"""A reload disturbs nothing else: streams added, changed and removed in the worker that carries two live
+"""A reload disturbs nothing else: a stream added, changed and removed in the worker that carries live
 streams, five times, through ``streamd reload`` (what ``systemctl reload`` runs); the untouched streams show
 no gap in their frame numbers and no pts jump over two frame periods. A refused config makes ``streamd
 reload`` exit 1 and the running config stays."""
@@ -19,12 +19,12 @@ from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
 PERIOD_S = 0.1  # samples/vtest.mp4 is 10 fps
 
 
-def _config(path: Path, out: Path, third: str) -> None:
+def _config(path: Path, out: Path, untouched: int, third: str, settings: str) -> None:
     live = "    realtime: true\n    loop: true\n"
-    streams = f"  - id: a\n    url: {CLIP}\n{live}  - id: b\n    url: {CLIP_HEVC}\n{live}{third}"
+    streams = "".join(f"  - id: u{k}\n    url: {CLIP}\n{live}" for k in range(untouched))
     path.write_text(
-        f"streams:\n{streams}model:\n  path: {MODEL}\n"
-        f"pipeline:\n  workers: 1\n  batch_size: 4\nsinks:\n  - type: jsonl\n    path: {out}\n"
+        f"streams:\n{streams}{third}model:\n  path: {MODEL}\n{settings}"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
 
 
@@ -35,13 +35,20 @@ def _lines(out: Path) -> list[dict]:
 
 
 def test_reloads_never_pause_the_untouched_streams(tmp_path, assets) -> None:
+    run_reloads(tmp_path, untouched=2, settings="pipeline:\n  workers: 1\n  batch_size: 4\n")
+
+
+def run_reloads(tmp_path: Path, *, untouched: int, settings: str) -> None:
+    """Five reloads (add, change, remove, add, change stream c) beside ``untouched`` live streams u0..; one
+    refused config. ``settings``: the config's engine/pipeline sections."""
     out, cfg, run_dir = tmp_path / "out.jsonl", tmp_path / "live.yaml", tmp_path / "run"
     run_dir.mkdir()
-    c_file = f"  - id: c\n    url: {CLIP}\n    realtime: true\n    loop: true\n"
-    c_changed = f"  - id: c\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true\n    detect_fps: 5\n"
+    # c runs the detector on few frames: the test is about reloads, not about what two cores can carry
+    c_file = f"  - id: c\n    url: {CLIP}\n    realtime: true\n    loop: true\n    detect_fps: 2\n"
+    c_changed = f"  - id: c\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true\n    detect_fps: 3\n"
     steps = [("add c", c_file), ("change c", c_changed), ("remove c", ""), ("add c", c_file),
              ("change c", c_changed)]  # fmt: skip
-    _config(cfg, out, "")
+    _config(cfg, out, untouched, "", settings)
     env = {**os.environ, "RUNTIME_DIRECTORY": str(run_dir), "PYTHONUNBUFFERED": "1"}
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
@@ -67,29 +74,29 @@ def test_reloads_never_pause_the_untouched_streams(tmp_path, assets) -> None:
         return sum(1 for r in _lines(out) if r["stream"] == sid and "type" not in r)
 
     try:
-        wait(lambda: (run_dir / "reload.json").exists() and count("a") >= 20, "the first lines")
+        wait(lambda: (run_dir / "reload.json").exists() and count("u0") >= 20, "the first lines")
         for what, third in steps:
-            _config(cfg, out, third)
+            _config(cfg, out, untouched, third, settings)
             before = count("c")
             done = reload()
             assert done.returncode == 0, f"{what}: {done.stderr}"
             assert "applied" in done.stderr, done.stderr
             if third:  # the new or changed stream writes again
-                wait(lambda before=before: count("c") >= before + 10, f"{what}: c writes")
+                wait(lambda before=before: count("c") >= before + 4, f"{what}: c writes")
             else:
                 time.sleep(3)
         cfg.write_text(cfg.read_text().replace("loop: true", "loop: maybe", 1))
         refused = reload()
         assert refused.returncode == 1 and "refused" in refused.stderr, refused.stderr
-        n = count("a")
-        wait(lambda: count("a") >= n + 20, "the old config still running")
+        n = count("u0")
+        wait(lambda: count("u0") >= n + 20, "the old config still running")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     stderr = err_path.read_text()
     assert proc.returncode == 0, stderr[-3000:]
     lines = [r for r in _lines(out) if "type" not in r]
-    for sid in ("a", "b"):
+    for sid in (f"u{k}" for k in range(untouched)):
         mine = [r for r in lines if r["stream"] == sid]
         frames = [r["frame"] for r in mine]
         pts_steps = [b["pts"] - a["pts"] for a, b in itertools.pairwise(mine)]

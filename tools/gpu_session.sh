@@ -30,6 +30,12 @@
 #                                           # 2, lanes 2 compiled), tests/gpu, tests/engines/gpu and
 #                                           # tests/pipeline/gpu
 #                                           # (TEST_DIRS, PIPELINED="1 8 32" replace them) (~7 min)
+#   tools/gpu_session.sh service            # the unit's sandbox on the GPU path: 16 live 1080p streams (2 workers +
+#                                           # spare, metrics on) under tools/seccomp_run.py, strict (a call off the
+#                                           # allow list kills) then --errno (each denied call named), each 60 s
+#                                           # after READY, with --check-devices; then the GPU reload test
+#                                           # (tests/pipeline/gpu/test_reload_gpu.py) and the wedged-worker test
+#                                           # (~8 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
@@ -164,5 +170,37 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
         cp "$work"/bench_live.md "$work"/bench_live.json "$work"/summary.md "$OUT"/ 2>/dev/null
         pack "$work"
         ;;
-    *) echo "usage: $0 live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest | multi-gpu [N...]" >&2; exit 2 ;;
+    service)
+        install
+        work=/tmp/gs-service; mkdir -p "$work"
+        if ! python3 -c "import ctypes; ctypes.CDLL('libseccomp.so.2')" 2>/dev/null; then
+            export LD_LIBRARY_PATH="$REPO/.assets-work/lib"  # Debian 12's libseccomp 2.5.4, carried
+            echo "libseccomp.so.2: the box has none; using the carried one" | tee -a "$OUT/service.txt"
+        fi
+        for mode in strict errno; do
+            cfg="$work/sandbox-$mode.yaml"; out="$work/sandbox-$mode.jsonl"
+            {
+                echo "streams:"
+                for k in $(seq 0 15); do printf '  - id: cam%02d\n    url: %s\n    realtime: true\n    loop: true\n' "$k" "$CLIP"; done
+                printf 'model:\n  path: %s/models/nanodet-coco.onnx\n  input_size: [416, 416]\n' "$REPO"
+                printf 'engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n'
+                printf 'pipeline:\n  workers: 2\n  batch_size: 16\n'
+                printf 'metrics:\n  enabled: true\n  port: 9108\n'
+                printf 'sinks:\n  - type: jsonl\n    path: %s\n' "$out"
+            } >"$cfg"
+            flag=(); [[ $mode == errno ]] && flag=(--errno)
+            # READY comes after the engine build (~20 s); 100 s leaves >= 60 s of running after it
+            timeout 150 python3 tools/seccomp_run.py "${flag[@]}" --check-devices --duration 100 \
+                --report "$work/sandbox-$mode.json" -- python3 -m streamd run "$cfg" --no-status \
+                >"$work/sandbox-$mode.log" 2>&1
+            echo "sandbox $mode: exit $?" | tee -a "$OUT/service.txt"
+            python3 tools/sandbox_window.py "$out" --window 60 --fps 30 | tee -a "$OUT/service.txt"
+            tail -5 "$work/sandbox-$mode.log" | tee -a "$OUT/service.txt"
+            cat "$work/sandbox-$mode.json" >>"$OUT/service.txt" 2>/dev/null; echo >>"$OUT/service.txt"
+        done
+        timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/pipeline/gpu/test_reload_gpu.py \
+            tests/test_wedged_worker.py 2>&1 | grep -Ev "^W[0-9]{4} " | tail -25 | tee -a "$OUT/service.txt"
+        pack "$work"
+        ;;
+    *) echo "usage: $0 service | live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest | multi-gpu [N...]" >&2; exit 2 ;;
 esac
