@@ -1,10 +1,13 @@
 """Installed the way users install: build the wheel, install it into a fresh venv, run the demo from there.
 
 The wheel must carry the kernels, the demo config, the bundled model and clip (README: ``pip install .`` then
-``streamd run``). To stay fast and offline, the fresh venv installs only streamd itself (``--no-deps
---no-index``) and borrows the third-party packages of the interpreter running the tests through a ``.pth``
-line (paths in a ``.pth`` are appended after the venv's own site-packages, and ``.pth`` files inside them,
-such as an editable streamd's finder, are not run, so the installed wheel is what gets imported).
+``streamd run``). It is built as ``pip install .`` builds it: in an isolated build environment holding what
+pyproject.toml's ``[build-system]`` asks for, so the test does not depend on the setuptools (or ``wheel``)
+of the venv running it (a fresh Python 3.11 venv has setuptools 65 and no ``wheel``). To stay fast, the fresh
+venv installs only streamd itself (``--no-deps --no-index``) and borrows the third-party packages of the
+interpreter running the tests through a ``.pth`` line (paths in a ``.pth`` are appended after the venv's own
+site-packages, and ``.pth`` files inside them, such as an editable streamd's finder, are not run, so the
+installed wheel is what gets imported).
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "wheel",
             "-q",
             "--no-deps",
-            "--no-build-isolation",
             "-w",
             str(work),
             ".",
