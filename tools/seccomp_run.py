@@ -420,6 +420,8 @@ class RunResult:
     denied: Counter[str] = field(default_factory=Counter)  # system call -> times denied
     denied_by: dict[str, set[str]] = field(default_factory=dict)  # system call -> "comm[pid]"
     killed: list[dict] = field(default_factory=list)  # {"pid", "comm", "syscall"} from the audit records
+    killed_elsewhere: list[dict] = field(default_factory=list)  # records of pids not seen in COMMAND's tree
+    pids: set[int] = field(default_factory=set)  # COMMAND and its descendants, as sampled
     devices: dict[tuple[str, int, int], DeviceUse] = field(default_factory=dict)
 
 
@@ -533,13 +535,16 @@ def run(
         notes = Notifications(lib, notify_fd)
         poller.register(notify_fd, select.POLLIN)
     next_scan, term_at, kill_at = 0.0, (start + duration if duration else None), None
+    result.pids.add(pid)
     while True:
         for _, event in poller.poll(200):
             if notes is not None and event & select.POLLIN:
                 notes.answer_one(result)
         now = time.monotonic()
-        if check_devices and now >= next_scan:
-            scan_devices(pid, result.devices)
+        if now >= next_scan:  # who belongs to COMMAND: audit records are matched against these pids
+            result.pids.update(descendants(pid))
+            if check_devices:
+                scan_devices(pid, result.devices)
             next_scan = now + 0.5
         if term_at is not None and now >= term_at:
             forward(signal.SIGTERM)
@@ -560,7 +565,8 @@ def run(
         result.exit_code = os.WEXITSTATUS(status)
     if kmsg is not None:
         time.sleep(0.3)  # the audit record is written as the process dies
-        result.killed = kmsg_killed(kmsg, lib)
+        for record in kmsg_killed(kmsg, lib):
+            (result.killed if record["pid"] in result.pids else result.killed_elsewhere).append(record)
         os.close(kmsg)
     return result
 
@@ -573,11 +579,17 @@ def findings(result: RunResult, flt: Filter, rules: list[DeviceRule] | None) -> 
     devices = None
     if rules is not None:
         devices = [
-            {"path": u.path, "type": u.kind, "major": u.major, "minor": u.minor,
-             "access": "".join(sorted(u.access)), "processes": sorted(u.processes),
-             "covered_by": covered_by(u, rules)}
+            {
+                "path": u.path,
+                "type": u.kind,
+                "major": u.major,
+                "minor": u.minor,
+                "access": "".join(sorted(u.access)),
+                "processes": sorted(u.processes),
+                "covered_by": covered_by(u, rules),
+            }
             for u in sorted(result.devices.values(), key=lambda u: u.path)
-        ]  # fmt: skip
+        ]
     denied = [
         {"syscall": name, "count": count, "processes": sorted(result.denied_by[name])}
         for name, count in result.denied.most_common()
@@ -591,6 +603,7 @@ def findings(result: RunResult, flt: Filter, rules: list[DeviceRule] | None) -> 
         "unknown_here": flt.unknown,
         "denied": denied,
         "killed": result.killed,
+        "killed_elsewhere": result.killed_elsewhere,
         "devices": devices,
     }
 
@@ -599,10 +612,16 @@ def tell(summary: dict, notes: list[str]) -> int:
     """Print the findings; return the number of problems (denied or killing calls, devices not allowed)."""
     problems = len(summary["killed"]) + len(summary["denied"])
     if summary["signal"] == "SIGSYS":
-        hint = "" if summary["killed"] else " (rerun with --errno to name it)"
+        named = summary["killed"] or summary["killed_elsewhere"]
+        hint = "" if named else " (rerun with --errno to name it)"
         say(f"COMMAND was killed by SIGSYS: it made a system call outside the list{hint}")
     for k in summary["killed"]:
         say(f"killed: {k['comm']}[{k['pid']}] called {k['syscall']}")
+    for k in summary["killed_elsewhere"]:  # e.g. COMMAND's process seen under another PID namespace's pid
+        say(
+            f"also killed by a seccomp filter meanwhile (maybe not COMMAND's): {k['comm']}[{k['pid']}] "
+            f"called {k['syscall']}"
+        )
     for d in summary["denied"]:
         say(f"denied (EPERM): {d['syscall']} x{d['count']} by {', '.join(d['processes'])}")
     for note in notes:
