@@ -108,7 +108,8 @@ class StreamWorker:
         on_lines: Callable[[list[str]], None] | None = None,
     ) -> None:
         """``analytics``: the stream's ``streamd.analytics.StreamAnalytics`` (detect_fps skips, predicted
-        lines); ``on_lines`` takes the lines it writes for skipped frames."""
+        lines, the zone leaves when the stream ends); ``on_lines`` takes the lines it writes for skipped
+        frames and at the end of the stream."""
         self.cfg = cfg
         self.analytics = analytics
         self.on_lines = on_lines
@@ -175,7 +176,22 @@ class StreamWorker:
             decoder, self._decoder = self._decoder, None
             if decoder is not None:
                 close_later(decoder)  # NVDEC teardown must not hold up other streams' threads
+            self._end_analytics()  # before the queue closes: the pipeline cannot finish without these lines
             self.out.close()
+
+    def _end_analytics(self) -> None:
+        """The stream's last frame is queued: its analytics closes what is open (tracks still in a zone
+        leave it), after the results of the frames still in the detector. The lines go to ``on_lines``."""
+        analytics = self.analytics
+        if analytics is None:
+            return
+        try:
+            with analytics.lock:  # in order with the result thread's lines of this stream
+                lines = analytics.end_of_stream()
+                if lines and self.on_lines is not None:
+                    self.on_lines(lines)
+        except Exception:
+            log.exception("stream %s: closing its analytics failed", self.cfg.id)
 
     # -- open / reconnect ------------------------------------------------------------------------------------
     def _loop(self) -> None:

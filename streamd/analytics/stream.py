@@ -11,9 +11,15 @@ Both return the JSON lines to write, in order: the frame line (detections with `
 ``track_age``) and then event lines (``"type": "event"``). With ``tracking.fill_skipped`` a skipped frame
 gets a line of predicted boxes (``"predicted": true``), written after the lines of every earlier frame: at
 once from ``on_skipped`` when no earlier frame is still in the detector, else from the ``on_result`` that
-settles it. ``finish()`` returns the lines still held when the stream ends. Hold ``lock`` while calling and
-handing the returned lines on (it is an RLock), so lines of one stream reach the sinks in frame order from
-both threads.
+settles it. Hold ``lock`` while calling and handing the returned lines on (it is an RLock), so lines of one
+stream reach the sinks in frame order from both threads.
+
+The end of the stream: every track still in a zone gets its ``leave`` (stamped with the stream's last frame),
+so every ``enter`` has a ``leave``. ``end_of_stream()`` is called by the ingest thread once its last frame is
+queued (a file's end, a stream stopped by a reload or a shutdown); the leaves come after the lines of the
+frames still in the detector: at once when none is, else from the ``on_result`` that settles the last one.
+``finish()`` (the pipeline closing, the stream removed) returns whatever is still held, those leaves
+included, at once. Both are idempotent.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class StreamAnalytics:
         self._in_flight: collections.deque[int] = collections.deque()  # frames sent to the detector
         self._held: collections.deque[Frame] = collections.deque()  # skipped frames waiting for their turn
         self._checked_size: tuple[int, int] | None = None
+        self._ended = False  # end_of_stream() was called: the zones close once nothing is in flight
+        self._last: tuple[int, float | None, float, int, int] | None = None  # the latest frame, no pixels
 
     @property
     def active(self) -> bool:
@@ -85,19 +93,20 @@ class StreamAnalytics:
 
     def on_skipped(self, frame: Frame) -> list[str]:
         """A skipped frame: its predicted line now, or later (``fill_skipped``); nothing otherwise."""
-        if not self.fill_skipped:
-            return []
-        meta = Frame(
-            frame.stream_id,
-            frame.index,
-            frame.pts,
-            frame.width,
-            frame.height,
-            wall_time=frame.wall_time,
-            t_decoded=frame.t_decoded,
-            decode_ms=frame.decode_ms,
-        )  # fmt: skip  (no pixels kept)
         with self.lock:
+            self._seen(frame)
+            if not self.fill_skipped:
+                return []
+            meta = Frame(
+                frame.stream_id,
+                frame.index,
+                frame.pts,
+                frame.width,
+                frame.height,
+                wall_time=frame.wall_time,
+                t_decoded=frame.t_decoded,
+                decode_ms=frame.decode_ms,
+            )  # fmt: skip  (no pixels kept)
             if self._in_flight or self._held:
                 self._held.append(meta)
                 return []
@@ -111,18 +120,47 @@ class StreamAnalytics:
         with self.lock:
             while self._in_flight and self._in_flight[0] <= frame.index:  # lower ones were dropped
                 self._in_flight.popleft()
+            self._seen(frame)
             lines = self._release(before=frame.index)
             lines += self._frame_lines(result)
             lines += self._release(before=self._in_flight[0] if self._in_flight else None)
+            if self._ended and not self._in_flight:
+                lines += self._close_zones()
             return lines
 
+    # -- end of the stream -----------------------------------------------------------------------------------
+    def end_of_stream(self) -> list[str]:
+        """The ingest thread queued the stream's last frame: the zone leaves now if no frame is in the
+        detector (then with any held lines), else nothing (the last ``on_result`` brings them)."""
+        with self.lock:
+            self._ended = True
+            if self._in_flight:
+                return []
+            return self._release(before=None) + self._close_zones()
+
     def finish(self) -> list[str]:
-        """The stream ended: lines still held (predicted lines after the last result)."""
+        """The stream is done with (pipeline closing, stream removed): every line still held (predicted lines
+        after the last result, the zone leaves of the tracks still inside)."""
         with self.lock:
             self._in_flight.clear()
-            return self._release(before=None)
+            return self._release(before=None) + self._close_zones()
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _seen(self, frame: Frame) -> None:
+        if self._last is None or frame.index >= self._last[0]:
+            self._last = (frame.index, frame.pts, frame.wall_time, frame.width, frame.height)
+
+    def _close_zones(self) -> list[str]:
+        """``leave`` for every track still in a zone, at the stream's last frame (nothing the second time)."""
+        if self.events is None or self._last is None:
+            return []
+        events = self.events.end_all()
+        if not events:
+            return []
+        index, pts, wall_time, width, height = self._last
+        last = Frame(self.stream_id, index, pts, width, height, wall_time=wall_time)
+        return [event_json_line(last, e.event, e.zone, e.track_id, e.class_id, self.names) for e in events]
+
     def _release(self, before: int | None) -> list[str]:
         lines = []
         while self._held and (before is None or self._held[0].index < before):
