@@ -10,7 +10,7 @@ usage: sudo systemd/install.sh [options]
        sudo systemd/install.sh --uninstall [--purge]
 
 Installs: system user "streamd" (no login), a venv at /opt/streamd (system Python) with streamd in it,
-the bundled model and clip in /opt/streamd/share/streamd, /etc/streamd/streamd.yaml (root:streamd 0640,
+the bundled sample clip in /opt/streamd/share/streamd, /etc/streamd/streamd.yaml (root:streamd 0640,
 only when absent), /var/lib/streamd and /var/cache/streamd, /etc/systemd/system/streamd.service,
 /etc/logrotate.d/streamd; then enables and (re)starts streamd.service.
 
@@ -174,13 +174,12 @@ say "pip install $target${wheelhouse:+ (offline, from $wheelhouse)}"
 "$PREFIX/bin/pip" install "${pip_opts[@]}" "$target"
 "$PREFIX/bin/streamd" --version >/dev/null || die "$PREFIX/bin/streamd does not run"
 
-# The bundled model and clip at a path that does not change with the Python version (the example config
-# names them; relative paths in /etc/streamd would resolve to /etc).
+# The bundled clip at a path that does not change with the Python version: the example config streams it
+# (relative paths in /etc/streamd would resolve from /etc/streamd).
 rm -rf "$SHARE"
-install -d "$SHARE/models" "$SHARE/samples"
-bundled=$("$PREFIX/bin/python" -c 'from streamd.resources import bundled_path; print(bundled_path("models").parent)')
-cp "$bundled"/models/nanodet-coco.onnx "$bundled"/models/LICENSE.* "$SHARE/models/"
-cp "$bundled"/samples/vtest.mp4 "$bundled"/samples/LICENSE "$SHARE/samples/"
+install -d "$SHARE/samples"
+samples=$("$PREFIX/bin/python" -c 'from streamd.resources import bundled_path; print(bundled_path("samples"))')
+cp "$samples/vtest.mp4" "$samples/LICENSE" "$SHARE/samples/"
 if [ -f "$SRC/docs/service.md" ]; then cp "$SRC/docs/service.md" "$SHARE/service.md"; fi
 chmod -R a+rX "$SHARE"
 

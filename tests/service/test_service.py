@@ -130,6 +130,25 @@ def test_install_starts_the_service_and_lines_are_written(box, installed) -> Non
     assert box.path("/opt/streamd/bin/streamd").exists()
 
 
+def test_example_configs_pass_check_where_installed(box, installed) -> None:
+    """configs/service.yaml (installed) and configs/edge-box.yaml with the password file its header asks for,
+    checked as the service user."""
+    edge = box.path("/etc/streamd/edge-box.yaml")
+    edge.write_text((ROOT / "configs" / "edge-box.yaml").read_text())
+    made = box.run(
+        "install", "-o", "root", "-g", "streamd", "-m", "0640", "/dev/null", "/etc/streamd/mqtt-password"
+    )
+    assert made.returncode == 0, made.stderr
+    box.path("/etc/streamd/mqtt-password").write_text("secret\n")
+    try:
+        for config in (CONFIG, "/etc/streamd/edge-box.yaml"):
+            proc = box.run("runuser", "-u", "streamd", "--", "/opt/streamd/bin/streamd", "check", config)
+            assert proc.returncode == 0, proc.stderr
+    finally:
+        edge.unlink()
+        box.path("/etc/streamd/mqtt-password").unlink()
+
+
 def test_install_again_upgrades_and_keeps_the_config(box, installed) -> None:
     write_config(box, config_text(box) + "# edited by the operator\n")
     before = main_pid(box)
