@@ -12,6 +12,7 @@ The hung camera (a real RTSP server, SIGSTOPped) is in ``tests/sources/test_heal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -292,3 +293,64 @@ def test_refused_camera_is_degraded_503_when_strict_mqtt_and_metrics_follow(
     assert len(unreachable) == 1 and dead_sink in unreachable[0].getMessage()
     assert "secret" not in caplog.text
     assert codes == [0], caplog.text[-3000:]  # the dead broker's sink says drops_ok
+
+
+@pytest.mark.slow
+def test_a_wedged_worker_shows_its_streams_down_within_seconds(tmp_path, assets) -> None:
+    """SIGSTOP of the worker process: its last stats say ``running`` forever, but it sends nothing more.
+    Within a few seconds its stream is down (``unresponsive``, then ``restarting`` once the pool kills it)
+    and /healthz is 503 (its only stream is down); it delivers again afterwards."""
+    import os
+    import signal
+
+    port = free_port()
+    cfg = tmp_path / "wedge.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: demo\n    url: {CLIP}\n    realtime: true\n    loop: true\n    detect_fps: 2\n"
+        f"{NANODET_MODEL}engine:\n  type: onnxruntime\n  threads: 1\n"
+        f"pipeline:\n  workers: 1\n  spare_worker: false\n"
+        f"sinks:\n  - type: jsonl\n    path: {tmp_path / 'out.jsonl'}\n"
+        f"metrics:\n  enabled: true\n  port: {port}\n"
+    )
+    sup = Supervisor(load_config(cfg), status_line=False)
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
+    runner.start()
+
+    def wait(predicate, what: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := predicate():
+                return found
+            assert runner.is_alive(), f"the supervisor ended: {codes}"
+            time.sleep(0.1)
+        raise AssertionError(f"timed out ({timeout} s) waiting for {what}: {sup.snapshot()['per_stream']}")
+
+    try:
+        wait(lambda: sup.snapshot()["per_stream"]["demo"]["health"] == "ok", "demo running", 180)
+        pid = sup.workers[0].process.pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        seen: list[tuple[float, str, str]] = []
+
+        def down() -> dict | None:
+            s = sup.snapshot()["per_stream"]["demo"]
+            if not seen or seen[-1][1] != s["state"]:
+                seen.append((round(time.monotonic() - stopped, 1), s["state"], s["health_reason"]))
+            return s if s["health"] == "down" else None
+
+        s = wait(down, "demo down", 30)
+        t_down = time.monotonic() - stopped
+        code, body = get(f"http://127.0.0.1:{port}/healthz")
+        info = json.loads(body)
+        wait(lambda: (down() or True) and sup.snapshot()["per_stream"]["demo"]["health"] == "ok", "back", 180)
+        print(f"SIGSTOP -> down after {t_down:.1f} s ({s['state']}: {s['health_reason']}); /healthz {code} "
+              f"{info['status']}; states seen {seen}")  # fmt: skip
+        assert t_down < 10, "down within 10 s"
+        assert s["state"] in ("unresponsive", "stale", "restarting", "running"), s
+        assert code == 503 and info["status"] == "unhealthy" and "demo" in info["down_streams"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        sup.stop.set()
+        runner.join(timeout=90)
