@@ -15,7 +15,8 @@ a second from the supervisor, published on change): ``online`` while it delivers
 ``degraded`` while it is down (refused, reconnecting, stale, failed, its worker restarting), ``offline`` when
 it ended, a reload removed it, or at close; ``<status_topic>/detail`` gets the same as retained JSON with the
 state, the reason and the last error. ``availability_topic`` gets a retained ``online`` on every connect and
-``offline`` at close, and the same ``offline`` is the last will the broker publishes if streamd dies.
+``offline`` at close, and the same ``offline`` is the last will the broker publishes if streamd dies. After a
+reconnect every stream's status is sent again (a broker without persistence forgot its retained messages).
 
 A broker that cannot be reached (refused, unknown host, no answer: from the start or for longer than
 ``_DOWN_S`` later) is logged once and the sink counts as broken (``stats()["broken"]``, the metric
@@ -93,6 +94,7 @@ class MqttSink(LineSink):
         self._health_lock = threading.Lock()
         self._wanted: dict[str, tuple[str, str]] = {}  # stream -> (word, detail JSON) from stream_health
         self._wanted_gen = self._applied_gen = 0
+        self._republish = False  # a reconnect: send every stream's status again (a broker may have lost it)
         self._unreachable: str | None = None  # why the broker cannot be reached (None: connected or trying)
         self._started = time.monotonic()
         self._deadline = float("inf")
@@ -170,6 +172,7 @@ class MqttSink(LineSink):
             down = None if self._down_since is None else time.monotonic() - self._down_since
             unreachable, self._unreachable = self._unreachable, None
             self._connected, self._down_since = True, None
+            self._republish = self.connects > 1
             self._cond.notify_all()
         if self.connects == 1 and unreachable is not None:
             log.warning("sink %s: connected after %.1f s; no longer broken", self.name, down or 0)
@@ -259,7 +262,16 @@ class MqttSink(LineSink):
 
     def _apply_health(self) -> None:
         """The writer thread: publish each stream's status that changed since it was last published."""
-        if self._wanted_gen == self._applied_gen or not self._connected or len(self._inflight) >= _WINDOW:
+        if not self._connected or len(self._inflight) >= _WINDOW:
+            return
+        if self._republish:  # retained messages of a broker without persistence are gone after its restart
+            self._republish = False
+            for sid, word in list(self._status.items()):
+                topic = self._topic(self.cfg.status_topic, sid)
+                if sid in self._detail:
+                    self._publish(topic + "/detail", self._detail[sid], False, retain=True)
+                self._publish(topic, word, False, retain=True)
+        if self._wanted_gen == self._applied_gen:
             return
         with self._health_lock:
             wanted, self._applied_gen = dict(self._wanted), self._wanted_gen

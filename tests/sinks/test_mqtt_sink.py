@@ -348,3 +348,27 @@ def test_the_retained_status_follows_the_stream_health_published_on_change(tmp_p
     assert wait_for(lambda: sub.last("streamd/new/status") == b"offline", 10), "offline at close"
     assert sub.last("streamd/cam/status") == b"offline"
     sub.close()
+
+
+def test_the_status_is_sent_again_after_the_broker_lost_it(tmp_path, broker) -> None:
+    """A broker restarted without its persistence file has forgotten the retained statuses: after the
+    reconnect the sink publishes each stream's status again."""
+    sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=broker.port, reconnect_max_s=1))
+    sink.start()
+    refused = _health("down", "reconnecting", "reconnecting: connection refused", "connection refused")
+    try:
+        sink.stream_health({"cam": _health("ok", "running"), "door": refused})
+        first = Subscriber(broker.port)
+        assert wait_for(lambda: first.last("streamd/door/status") == b"degraded", 10)
+        first.close()
+        broker.stop()
+        (broker.folder / "mosquitto.db").unlink(missing_ok=True)
+        broker.start()
+        assert wait_for(lambda: sink.connects == 2, 20), broker.log()
+        fresh = Subscriber(broker.port)  # sees only what is retained now
+        assert wait_for(lambda: fresh.last("streamd/door/status") == b"degraded", 10), fresh.messages
+        assert wait_for(lambda: fresh.last("streamd/cam/status") == b"online", 10)
+        assert json.loads(fresh.last("streamd/door/status/detail"))["state"] == "reconnecting"
+        fresh.close()
+    finally:
+        sink.close(timeout=5)
