@@ -128,6 +128,10 @@ def test_install_starts_the_service_and_lines_are_written(box, installed) -> Non
     assert (st.st_uid, oct(st.st_mode & 0o777)) == (int(passwd[2]), "0o750")
     assert box.path("/etc/logrotate.d/streamd").exists()
     assert box.path("/opt/streamd/bin/streamd").exists()
+    analysis = box.run("systemd-analyze", "security", "--no-pager", UNIT).stdout  # the loaded unit, online
+    exposure = float(re.findall(r"Overall exposure level for streamd.service: ([0-9.]+)", analysis)[0])
+    print(f"systemd-analyze security {UNIT}: {exposure}")
+    assert exposure <= 2.0
 
 
 def test_example_configs_pass_check_where_installed(box, installed) -> None:
