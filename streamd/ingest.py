@@ -219,6 +219,8 @@ class StreamWorker:
                 )  # fmt: skip
                 down_since = None
             self.stats.backend = demuxer.backend
+            # the open counts as a sign of life: a camera that then sends nothing goes stale from here
+            self.stats.last_packet = time.monotonic()
             if self.stats.state != "no_decoder":  # running again once a picture comes (not "behind" before)
                 self.stats.state = "running"
             try:

@@ -140,6 +140,7 @@ class Supervisor:
                     frame_snapshot=self.frame_snapshot,
                     status_page=cfg.metrics.status_page,
                     snapshots_per_s=cfg.metrics.snapshots_per_s,
+                    stream_down=cfg.metrics.stream_down,
                 )
             except OSError as exc:
                 raise StartupError(
@@ -281,6 +282,7 @@ class Supervisor:
                 log.error("  %s", problem)
             return False, f"refused ({len(problems)} problem(s)): " + "; ".join(problems)
         plan = plan_reload(running, new)
+        warnings: list[str] = []
         if plan.sinks_changed and self.sink_set is not None:
             try:
                 self.sink_set.reconfigure(new.sinks)
@@ -288,6 +290,7 @@ class Supervisor:
                 log.error("reload refused: %s; the running config stays", exc)
                 return False, f"refused: {exc}"
             self.sinks = self.sink_set.sinks
+            warnings = list(self.sink_set.reload_warnings)
         # What a reload applies: streams, sinks, model/engine/tracking; pipeline and metrics need a restart.
         self.config = dataclasses.replace(
             running,
@@ -303,6 +306,8 @@ class Supervisor:
         self._spawn_waiting()
         log.info("reload: %s", plan.describe())
         message = f"applied: {plan.describe()}"
+        if warnings:  # e.g. a new MQTT sink whose broker cannot be reached (it keeps trying)
+            message += " (" + "; ".join(warnings) + ")"
         if plan.needs_restart:
             what = ", ".join(plan.needs_restart)
             log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
@@ -437,6 +442,7 @@ class Supervisor:
                 started=self._t0,
                 batch_size=self.config.pipeline.batch_size,
                 stall_s=self.STALL_S,
+                stale_after_s=self.config.metrics.stale_after_s,
             )
 
     def _tick(self) -> None:

@@ -277,8 +277,7 @@ class Pipeline:
                 self._wait_drained(w.out)
                 assert self.batcher is not None
                 self.batcher.discard(w.out)
-                if w.cfg.id in set(remove):
-                    self._finish_analytics(w.cfg.id)
+                self._finish_analytics(w)
             self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
             for worker in arriving:
                 self.workers.append(worker)
@@ -299,12 +298,16 @@ class Pipeline:
             carried[key] += getattr(w.stats, key)
         carried["dropped"] += w.out.dropped
 
-    def _finish_analytics(self, stream_id: str) -> None:
-        hook = self.analytics.pop(stream_id, None)
+    def _finish_analytics(self, w: StreamWorker) -> None:
+        """A stopped stream's tracks leave their zones (also when a changed stream's successor has its own
+        hook by now)."""
+        hook = w.analytics
+        if self.analytics.get(w.cfg.id) is hook:  # removed; a replaced id already maps to its new hook
+            del self.analytics[w.cfg.id]
         if hook is not None:
             with hook.lock:
                 if lines := hook.finish():
-                    self._hook_lines(lines, stream_id)
+                    self._hook_lines(lines, w.cfg.id)
 
     def _on_results(self, results: list[FrameResult]) -> None:
         """One batch: plain streams go out as one message; a stream with analytics sends its lines under its
@@ -437,6 +440,7 @@ class Pipeline:
                 "decoder": s.decoder,
                 "last_error": s.last_error,
                 "last_packet_age_s": s.last_packet_age_s,
+                "nominal_fps": w.nominal_fps,
             }
         for sid, carried in list(self._carried.items()):  # removed by a reload: its counts stay counted
             if sid not in per_stream:
