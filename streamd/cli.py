@@ -44,13 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides log_level")
     run.add_argument("--no-status", action="store_true", help="no one-line status display on stderr")
     check = sub.add_parser(
-        "check", help="validate a config file and its model, and exit (0 = valid, 78 = invalid)"
+        "check",
+        help="validate a config file, its stream files, its output files (as this user) and its model, "
+        "and exit (0 = valid, 78 = invalid)",
     )
     check.add_argument("config", help="YAML config file")
     check.add_argument(
         "--no-model",
         action="store_true",
-        help="do not open the model file (check the config alone, e.g. on a box without the model)",
+        help="skip the model check (the model file need not exist, e.g. on a box without the model)",
     )
     reload = sub.add_parser(
         "reload", help="ask a running daemon to reload its config and wait for the outcome (0 = applied)"
