@@ -10,6 +10,8 @@ handlers, SIGTERM and SIGINT stop start-up with one line and exit 0: nothing was
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import logging
 import signal
 import sys
@@ -66,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with contextlib.suppress(ValueError, OSError):  # stderr may have no file descriptor (embedded, tests)
+        faulthandler.enable()  # a fatal signal (the watchdog sends SIGABRT) leaves the stacks in the journal
     previous = {s: signal.signal(s, _stop_early) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         args = _parser().parse_args(argv)

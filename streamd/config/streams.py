@@ -49,6 +49,11 @@ class ZoneConfig:
     anchor: Literal["bottom_center", "center", "top_center", "bottom_left", "bottom_right"] = opt(
         "bottom_center", "the point of a box that must lie inside the polygon"
     )
+    leave_after_s: float = opt(
+        0.5,
+        "seconds (stream time) a track must be seen outside the zone before it leaves; 0 = at once",
+        ge=0,
+    )
 
 
 @dataclass(frozen=True, repr=False)
