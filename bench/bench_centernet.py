@@ -7,7 +7,7 @@ torch engine (CUDA on a GPU box, else the CPU), per precision. Prints, per preci
 
 - agreement: the share of reference detections scoring above threshold + 0.05 that the engine reproduces
   (same class, IoU ≥ 0.95) — acceptance: ≥ 99 %; and the other way round;
-- per-output error as the start-up check computes it (streamd.engines.verify.compare: rows paired, max over
+- per-output error as the start-up check computes it (streamd.checks.verify.compare: rows paired, max over
   rows above the threshold, mean over all) against the documented tolerance for the precision;
 - the start-up check's cost when it runs (cold cache) and on a warm start (cached verdict: skipped).
 
@@ -34,10 +34,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from streamd.engines import create_engine  # noqa: E402
-from streamd.engines.verify import TOLERANCES, VerifyPlan, compare, match_detections  # noqa: E402
-from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec  # noqa: E402
-from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec  # noqa: E402
+from streamd.checks.verify import (  # noqa: E402
+    TOLERANCES,
+    VerifyPlan,
+    compare,
+    create_engine,
+    match_detections,
+)
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec  # noqa: E402
+from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec  # noqa: E402
 
 MODEL = REPO / "models" / "centernet-mbv3-coco.onnx"
 CLIP = REPO / "samples" / "vtest.mp4"

@@ -26,9 +26,9 @@ import av
 import numpy as np
 
 from streamd.config import JsonlSinkConfig, load_config
-from streamd.daemon import Daemon
 from streamd.engines import create_engine
-from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
+from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
+from streamd.supervisor import Supervisor
 
 
 def decode_all(path: Path) -> list[np.ndarray]:
@@ -59,7 +59,7 @@ def daemon_run(config, out: Path) -> tuple[float, int]:
     cfg = dataclasses.replace(config, sinks=(JsonlSinkConfig(path=out),))
     if out.exists():
         out.unlink()
-    d = Daemon(cfg, status_line=False)
+    d = Supervisor(cfg, status_line=False)
     assert d.run() == 0
     elapsed = d.last_result_at - d.ready_at  # model load excluded, as for ORT alone
     lines = sum(1 for _ in out.open())

@@ -155,8 +155,8 @@ def raw_case(nvc, clip: str, passes: int):
 
 
 def ours_case(clip: str, passes: int, demux: str):
-    from streamd.decode.nvdec import NvdecDecoder
-    from streamd.sources import demuxer_class
+    from streamd.ingest.decode.nvdec import NvdecDecoder
+    from streamd.ingest.sources import demuxer_class
 
     cls = demuxer_class(demux)
 
@@ -204,7 +204,7 @@ def main() -> int:
             return 0
     import PyNvVideoCodec as nvc
 
-    from streamd.sources import demuxer_class
+    from streamd.ingest.sources import demuxer_class
 
     probe = demuxer_class(args.demux)(str(args.clip), annexb=True)
     info = probe.info

@@ -38,7 +38,7 @@ CLIP = ROOT / "samples" / "vtest.mp4"
 def real_frames(n: int, size: int = 416) -> np.ndarray:
     import cv2
 
-    from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
+    from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 
     spec = PreprocessSpec(size, size, "bgr", (103.53, 116.28, 123.675), (57.375, 57.12, 58.395))
     prep = CpuPreprocessor(spec)

@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream, copy_dtod  # noqa: E402
 from streamd.gpu.kernels import KernelLoader  # noqa: E402
-from streamd.gpu.postprocess import GpuPostprocessor  # noqa: E402
-from streamd.gpu.preprocess import GpuPreprocessor, Nv12Surface  # noqa: E402
-from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec  # noqa: E402
-from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec  # noqa: E402
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec  # noqa: E402
+from streamd.stages.postprocess.cuda import GpuPostprocessor  # noqa: E402
+from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec  # noqa: E402
+from streamd.stages.preprocess.cuda import GpuPreprocessor, Nv12Surface  # noqa: E402
 from tests.gpu.reference import bgr_to_nv12, synthetic_output  # noqa: E402
 
 CLIP = ROOT / "samples" / "vtest.mp4"

@@ -571,7 +571,7 @@ def pipelined_vs_serialized(
     from streamd.pipeline.batcher import Batcher
     from streamd.pipeline.scheduler import Scheduler
     from streamd.types import Frame
-    from streamd.worker import build_stages
+    from streamd.worker.pipeline import build_stages
 
     cap = cv2.VideoCapture(str(DEMO_CLIP))
     images = []

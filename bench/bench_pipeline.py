@@ -9,7 +9,7 @@
    possible, GPU path, batch 32: total fps, and per-frame end-to-end latency (decode start to result)
    p50/p99 from the JSON lines.
 
-Each run is ``streamd.daemon.Daemon`` in-process writing JSON lines to a file, timed from READY (model loaded,
+Each run is a ``Supervisor`` in-process writing JSON lines to a file, timed from READY (model loaded,
 engine warmed up) to the last result.
 """
 
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from streamd.config import parse_config  # noqa: E402
-from streamd.daemon import Daemon  # noqa: E402
+from streamd.supervisor import Supervisor  # noqa: E402
 
 CLIP = ROOT / "samples" / "vtest.mp4"
 CLIP_1080 = ROOT / ".cache" / "bench" / "synthetic-1080p30-h264.mp4"
@@ -62,7 +62,7 @@ def run(clips: list[Path], engine: str, decoder: str, batch: int, out: Path) -> 
     }
     config = parse_config(raw, ROOT)
     out.unlink(missing_ok=True)
-    daemon = Daemon(config, status_line=False)
+    daemon = Supervisor(config, status_line=False)
     rc = daemon.run()
     elapsed = daemon.last_result_at - daemon.ready_at  # model load and warm-up excluded
     records = [json.loads(line) for line in out.open()]

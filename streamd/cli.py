@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     reload.add_argument("--pid", type=int, required=True, help="the daemon's pid (systemd: $MAINPID)")
     reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the outcome")
-    from streamd.engines.build import add_build_engine_parser  # argparse only; TensorRT loads on use
+    from streamd.build_engine import add_build_engine_parser  # argparse only; TensorRT loads on use
 
     add_build_engine_parser(sub)
     return p
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.command == "reload":  # a client of the running daemon: no config of its own
-            from streamd.control import request_reload
+            from streamd.supervisor.control import request_reload
 
             return request_reload(args.pid, args.timeout)
         return _main(args, args.command or "run")
@@ -114,16 +114,16 @@ def _main(args: argparse.Namespace, command: str) -> int:
 
 def _check(path: str, model: bool) -> int:
     """``streamd check``: the config, its stream files and sink files as this user sees them
-    (``streamd.config.access``); with ``model``, the model file against the config (onnx is imported only
+    (``streamd.checks.access``); with ``model``, the model file against the config (onnx is imported only
     then, so that ``--no-model`` stays quick)."""
+    from streamd.checks.access import check_access
     from streamd.config import ConfigError, load_config
-    from streamd.config.access import check_access
 
     config = load_config(path, model_file=model)
     problems = check_access(config)
     summary = ""
     if model:
-        from streamd.model_check import check_model
+        from streamd.checks.model import check_model
 
         report = check_model(config)
         problems += report.problems
@@ -145,19 +145,19 @@ def _command(args: argparse.Namespace, command: str) -> int:
     config = load_config(getattr(args, "config", None))
     level = (getattr(args, "log_level", None) or config.log_level).upper()
     if command == "build-engine":
-        from streamd.engines.build import run_build_engine
+        from streamd.build_engine import run_build_engine
 
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
         return run_build_engine(args, config)
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    from streamd.model_check import check_model
+    from streamd.checks.model import check_model
 
     report = check_model(config)  # the same model check as `streamd check`: refuse before anything starts
     if report.problems:
         raise ConfigError(report.problems)
-    from streamd.daemon import Daemon  # imported late: `check` must not load engines
+    from streamd.supervisor import Supervisor  # imported late: `check` must not load engines
 
     status = False if getattr(args, "no_status", False) else None
-    return Daemon(config, status_line=status).run()
+    return Supervisor(config, status_line=status).run()

@@ -1,5 +1,5 @@
 """Per-stage latency histograms of a stream: filled on the worker per frame result, shipped as plain data
-with its stats, summed by the supervisor and exported by :mod:`streamd.metrics` (no prometheus here)."""
+with its stats, summed by the supervisor and exported by ``supervisor.metrics`` (no prometheus here)."""
 
 from __future__ import annotations
 

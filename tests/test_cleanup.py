@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from streamd.config import load_config
-from streamd.ingest import StreamWorker
+from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import streamd.daemon
+import streamd.supervisor
 from streamd import cli
 from streamd.exitcodes import EX_CANTCREAT, EX_SOFTWARE, EX_UNAVAILABLE, StartupError
 from tests.conftest import CLIP, ROOT
@@ -28,7 +28,7 @@ def test_startup_error_is_one_line_and_its_code(config: Path, monkeypatch, capsy
     def fail(self) -> int:
         raise StartupError("sinks[0].path: cannot create /ro/out.jsonl: Permission denied", EX_CANTCREAT)
 
-    monkeypatch.setattr(streamd.daemon.Daemon, "run", fail)
+    monkeypatch.setattr(streamd.supervisor.Supervisor, "run", fail)
     assert cli.main(["run", str(config), "--no-status"]) == EX_CANTCREAT
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "streamd: sinks[0].path: cannot create /ro/out.jsonl: Permission denied"
@@ -39,7 +39,7 @@ def test_unexpected_error_is_one_line_and_70(config: Path, monkeypatch, capsys) 
     def fail(self) -> int:
         raise RuntimeError("cannot join thread before it is started")
 
-    monkeypatch.setattr(streamd.daemon.Daemon, "run", fail)
+    monkeypatch.setattr(streamd.supervisor.Supervisor, "run", fail)
     assert cli.main(["run", str(config), "--no-status"]) == EX_SOFTWARE
     err = capsys.readouterr().err
     assert "streamd: internal error: RuntimeError: cannot join thread before it is started" in err

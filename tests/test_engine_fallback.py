@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streamd.engines import EngineError, create_engine
+from streamd.checks.verify import create_engine
+from streamd.engines import EngineError
 from streamd.engines.registry import backend_order
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE
 from tests.engines.fake_tensorrt import make_fakes

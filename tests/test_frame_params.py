@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamd.gpu.preprocess import FRAME_DTYPE, frame_params, yuv_coefficients
-from streamd.pipeline.specs import PreprocessSpec, compute_transform
+from streamd.stages.preprocess.cuda import FRAME_DTYPE, frame_params, yuv_coefficients
+from streamd.stages.preprocess.spec import PreprocessSpec, compute_transform
 from streamd.types import Nv12Surface, PackedSurface
 
 

@@ -25,12 +25,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamd import status
 from streamd.config import load_config
 from streamd.config.errors import ConfigError
-from streamd.metrics import MetricsServer, health, render
-from streamd.pool import WorkerSlot
-from streamd.supervisor import Supervisor
+from streamd.supervisor import status
+from streamd.supervisor.lifecycle import Supervisor
+from streamd.supervisor.metrics import health, render
+from streamd.supervisor.pool import WorkerSlot
+from streamd.supervisor.server import MetricsServer
 from tests.conftest import CLIP
 from tests.sinks._helpers import free_port
 from tests.test_reference_detections import NANODET_MODEL

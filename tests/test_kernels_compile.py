@@ -50,7 +50,7 @@ def test_kernel_compiles(path: Path, arch: int) -> None:
 def test_decode_kernels_all_present() -> None:
     _nvrtc_or_skip()
     from streamd.gpu.kernels import compile_source
-    from streamd.gpu.postprocess import LAYOUT_IDS
+    from streamd.stages.postprocess.cuda import LAYOUT_IDS
 
     cubin = compile_source((KERNEL_DIR / "postprocess.cu").read_text(), 90, name="postprocess.cu")
     for layout in LAYOUT_IDS:
@@ -105,7 +105,7 @@ def test_host_structs_match_kernel_structs() -> None:
     """FRAME_DTYPE / Normalise mirror the C structs: same field names, order and sizes (no GPU needed)."""
     import ctypes
 
-    from streamd.gpu.preprocess import FRAME_DTYPE, Normalise
+    from streamd.stages.preprocess.cuda import FRAME_DTYPE, Normalise
 
     src = (KERNEL_DIR / "preprocess.cu").read_text()
     body = re.search(r"struct FrameParams \{(.*?)\n\};", src, re.S).group(1)  # type: ignore[union-attr]
@@ -125,7 +125,7 @@ def test_import_streamd_gpu_needs_no_cuda() -> None:
     import sys
 
     code = (
-        "import sys, streamd.gpu, streamd.gpu.preprocess, streamd.gpu.postprocess;"
+        "import sys, streamd.gpu, streamd.stages.preprocess.cuda, streamd.stages.postprocess.cuda;"
         "print('cuda.bindings' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,7 +17,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamd.latency import LATENCY_BUCKETS_MS, LatencyHistograms
-from streamd.metrics import MetricsServer, render
+from streamd.supervisor.metrics import render
+from streamd.supervisor.server import MetricsServer
 from tests.conftest import ROOT
 from tests.sinks._helpers import CLIP, config_with_sinks, free_port
 
@@ -192,7 +193,7 @@ def test_daemon_serves_metrics_health_and_a_snapshot_with_boxes(tmp_path, assets
 
 def test_gpu_memory_from_nvidia_smi_without_cuda(tmp_path, monkeypatch) -> None:
     """The supervisor never touches CUDA: GPU memory comes from nvidia-smi (a stand-in script here)."""
-    import streamd.metrics as metrics
+    import streamd.supervisor.metrics as metrics
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text(

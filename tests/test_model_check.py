@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from streamd.checks.model import check_model
 from streamd.config import load_config
 from streamd.engines import create_engine
-from streamd.model_check import check_model
 from tests.conftest import CLIP, MODEL, run_streamd
 
 NANODET = "  path: {model}\n  input_size: [{w}, {h}]\n  layout: {layout}\n"

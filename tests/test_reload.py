@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamd.config import load_config
-from streamd.reload import plan_reload, reread
+from streamd.supervisor.reload import plan_reload, reread
 from tests.conftest import CLIP, CLIP_HEVC, MODEL
 
 

@@ -19,10 +19,10 @@ from collections import Counter
 import pytest
 
 from streamd.config import load_config
-from streamd.metrics import COUNTERS as METRIC_COUNTERS
-from streamd.metrics import render
-from streamd.pool import COUNTERS, WorkerSlot
-from streamd.supervisor import Supervisor
+from streamd.supervisor.lifecycle import Supervisor
+from streamd.supervisor.metrics import COUNTERS as METRIC_COUNTERS
+from streamd.supervisor.metrics import render
+from streamd.supervisor.pool import COUNTERS, WorkerSlot
 from tests.conftest import CLIP_HEVC, MODEL, ROOT
 from tests.test_reference_detections import NANODET_MODEL
 from tests.test_supervisor import _lines

@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 
 from streamd.config import parse_config
-from streamd.supervisor import plan_workers
+from streamd.supervisor.lifecycle import plan_workers
 from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
 from tests.test_reference_detections import NANODET_MODEL
 
@@ -49,8 +49,8 @@ def test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own() -> None:
     """No processes: the bookkeeping. Workers on GPUs 0 and 1 get one spare each (an engine is built on
     one GPU, so a spare elsewhere could not take the streams without a new build); a dead worker goes to the
     spare of its GPU only."""
-    from streamd.pool import WorkerSlot
-    from streamd.supervisor import Supervisor
+    from streamd.supervisor.lifecycle import Supervisor
+    from streamd.supervisor.pool import WorkerSlot
 
     sup = Supervisor(_config(4, 2, devices=[0, 1]), status_line=False)
     pool = sup.pool
@@ -90,7 +90,7 @@ def test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own() -> None:
 
 
 def test_no_spare_with_one_worker_or_when_turned_off() -> None:
-    from streamd.supervisor import Supervisor
+    from streamd.supervisor.lifecycle import Supervisor
 
     two = _config(4, 2, devices=[0, 1])
     turned_off = dataclasses.replace(two, pipeline=dataclasses.replace(two.pipeline, spare_worker=False))
@@ -232,15 +232,17 @@ def test_bad_model_fails_once_with_one_line_and_exit_78(tmp_path, assets) -> Non
 
 @pytest.mark.slow
 def test_overload_is_reported(tmp_path, assets, caplog) -> None:
-    """Six live-paced 10 fps streams on two CPU cores (ONNX Runtime does ~25 frames/s here): the snapshot
-    (status line, /metrics) names the streams behind real time and the log says the box is overloaded."""
+    """Sixteen live-paced 10 fps streams on two CPU cores (160 frames/s offered; ONNX Runtime does 25-60 here,
+    depending on the batch and the box's load): the snapshot (status line, /metrics) names the streams behind
+    real time and the log says the box is overloaded."""
     import logging
 
-    from streamd.supervisor import Supervisor
+    from streamd.supervisor.lifecycle import Supervisor
 
     out = tmp_path / "o.jsonl"
+    live = {"url": str(CLIP_HEVC), "realtime": True, "loop": True}
     raw = {
-        "streams": [{"id": f"s{i}", "url": str(CLIP_HEVC), "realtime": True, "loop": True} for i in range(6)],
+        "streams": [{"id": f"s{i}", **live} for i in range(16)],
         "model": {"path": str(MODEL)},
         "engine": {"type": "onnxruntime"},
         "pipeline": {"workers": 1},
@@ -264,7 +266,7 @@ def test_overload_is_reported(tmp_path, assets, caplog) -> None:
         runner.join(timeout=60)
     print(f"behind: {behind}; dropped {snap['dropped']}; decode fps "
           f"{[s.get('decode_fps') for s in snap['per_stream'].values()]}")  # fmt: skip
-    assert behind, "six 10 fps streams on the CPU engine must be reported behind real time"
+    assert behind, "sixteen 10 fps streams on the CPU engine must be reported behind real time"
     assert all(snap["per_stream"][sid]["behind"] for sid in behind)
     assert "streamd: overloaded:" in caplog.text
     assert codes == [0]
@@ -276,7 +278,7 @@ def test_a_stream_that_starts_mid_window_is_not_behind() -> None:
     hundreds do while their decoders are created at start-up) decoded less for that reason alone."""
     from types import SimpleNamespace
 
-    from streamd.worker import Pipeline
+    from streamd.worker.pipeline import Pipeline
 
     def stream(sid: str, live: bool = True) -> SimpleNamespace:
         cfg = SimpleNamespace(id=sid, is_live=live, realtime=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamd.decode.pool import Nv12Lease, SurfacePool
-from streamd.sources.base import VideoInfo
+from streamd.ingest.decode.pool import Nv12Lease, SurfacePool
+from streamd.ingest.sources.base import VideoInfo
 from streamd.types import Nv12Surface, SurfaceLease
 
 

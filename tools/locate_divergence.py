@@ -9,7 +9,7 @@ all its inputs agree is the culprit; its op type and attributes are printed.
     python tools/locate_divergence.py models/centernet-mbv3-coco.onnx --rgb --std 1 1 1
     python tools/locate_divergence.py models/centernet-mbv3-coco.onnx --rgb --std 1 1 1 --no-rewrite  # before
 
-Use it when the start-up check (streamd.engines.verify) refuses a torch engine.
+Use it when the start-up check (streamd.checks.verify) refuses a torch engine.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main() -> int:
 
     from streamd.engines import onnx_tools, torch_ops
     from streamd.engines.torch import convert_onnx
-    from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
+    from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 
     if args.no_rewrite:
         torch_ops.rewrite_for_torch = lambda model: (model, [])  # type: ignore[assignment]

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from streamd.analytics.zones import polygon_problem
 from streamd.config._fields import (
     Invalid,
     Problems,
@@ -23,6 +22,7 @@ from streamd.config._fields import (
 from streamd.config.coco import COCO_NAMES
 from streamd.config.model import class_list, resolve_classes
 from streamd.config.tracking import TrackingConfig, override_tracking
+from streamd.geometry import polygon_problem
 
 LIVE_SCHEMES = ("rtsp", "rtsps")
 ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"

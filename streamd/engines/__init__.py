@@ -1,7 +1,7 @@
 """Inference engines behind one interface; backends are imported lazily by name (see ``create_engine``).
 
 ``create_engine`` chooses, loads and checks a backend; with ``engine.type: auto`` a backend that fails (to
-import, build, load, or pass ``streamd.engines.verify``'s start-up check) is logged once and the next one in
+import, build, load, or pass ``streamd.checks.verify``'s start-up check) is logged once and the next one in
 ``backend_order`` is tried.
 """
 

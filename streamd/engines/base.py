@@ -47,6 +47,11 @@ class EngineError(StartupError, RuntimeError):
         super().__init__(message, code)
 
 
+class VerificationError(EngineError):
+    """The engine's output differs from ONNX Runtime CPU's beyond the tolerance for its precision (raised by
+    the start-up check, ``streamd.checks.verify``)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """One loaded model. ``input_shape`` is (C, H, W); ``output_shape`` is the output for batch 1, e.g.

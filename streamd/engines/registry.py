@@ -4,7 +4,8 @@
 ``create_engine`` picks the backend by name and imports its module only then, so the CPU path never
 imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
 works, else ONNX Runtime on the CPU. When the chosen backend fails to import, build, load or pass its
-start-up check (``streamd.engines.verify``), ``auto`` says why in one warning and takes the next one
+start-up check (the caller's ``check``: ``streamd.checks.verify``), ``auto`` says why in one warning and
+takes the next one
 (``backend_order``).
 """
 
@@ -19,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamd.engines.base import PRECISIONS, Engine, EngineError, input_nbytes, output_nbytes, run_padded
+from streamd.engines.base import (
+    PRECISIONS,
+    Engine,
+    EngineError,
+    VerificationError,
+    input_nbytes,
+    output_nbytes,
+    run_padded,
+)
 from streamd.exitcodes import EX_CONFIG
 
 if TYPE_CHECKING:
@@ -104,8 +113,10 @@ def create_engine(
     docstring).
 
     ``options`` are passed to the backend: ``device`` (CUDA device index), ``cache_dir`` (where built engines
-    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), ``verify``
-    (a ``streamd.engines.verify.VerifyPlan``, True = default plan, False = skip the start-up check), and
+    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), ``check``
+    (called with each built engine, the model path, the precision and these options; raising refuses the
+    engine — ``streamd.checks.verify.create_engine`` passes the start-up verification and its ``verify``
+    plan), and
     backend-specific ones documented on each engine class. Unknown options are ignored by every backend.
     Raises ``EngineError`` (a ``StartupError``: its ``code`` is the exit code) when no backend can run it.
     """
@@ -126,8 +137,6 @@ def create_engine(
                 if error is exc:
                     raise
                 raise error from exc
-            from streamd.engines.verify import VerificationError
-
             what = "refused at start-up" if isinstance(exc, VerificationError) else "could not be brought up"
             log.warning(
                 "engine: %s %s (%s); engine.type auto falls back to %s", name, what, error, order[index + 1]
@@ -168,9 +177,9 @@ def _load(
     engine: Engine = getattr(module, factory)(
         model_path, max_batch=max_batch, precision=precision, threads=threads, **options
     )
-    from streamd.engines.verify import check_created
-
-    check_created(engine, model_path, precision, options)  # closes the engine if it fails
+    check = options.get("check")
+    if check is not None:  # the caller's start-up check (streamd.checks.verify); it closes a refused engine
+        check(engine, model_path, precision, options)
     return engine
 
 

@@ -1,4 +1,4 @@
-"""The CUDA side of an NVDEC decoder (``streamd.decode.nvdec``): its context, stream, events, pooled
+"""The CUDA side of an NVDEC decoder (``streamd.ingest.decode.nvdec``): its context, stream, events, pooled
 buffers and device-to-device copies, on this package's CUDA layer (``streamd.gpu.cuda``). ``cuda.bindings``
 is imported when a ``DecoderGpu`` is made, never on import.
 """

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from streamd.pipeline.batcher import Batcher
-from streamd.pipeline.stages import Slot, Stages
+from streamd.stages.contract import Slot, Stages
 from streamd.types import FrameResult
 
 log = logging.getLogger(__name__)

@@ -1,2 +1,2 @@
 """The status page (``page.py``) and on-request snapshots of the latest frame with its boxes
-(``snapshot.py``). Served by ``streamd.metrics.MetricsServer`` on the metrics port."""
+(``snapshot.py``). Served by ``streamd.supervisor.server.MetricsServer`` on the metrics port."""

@@ -118,7 +118,7 @@ def nv12_surface_to_bgr(frame: Frame) -> np.ndarray | None:
     """``to_host`` for NVDEC frames: the frame's NV12 surface copied to the host, as BGR (one D2H copy)."""
     if frame.surface is None:
         return None
-    from streamd.decode.nvdec import download_nv12  # CUDA only when a GPU frame is asked for
+    from streamd.ingest.decode.nvdec import download_nv12  # CUDA only when a GPU frame is asked for
 
     nv12 = download_nv12(frame.surface)
     return cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12)[: frame.height, : frame.width]

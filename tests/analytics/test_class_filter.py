@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from streamd.pipeline.postprocess import ClassThresholds, CpuPostprocessor, PostprocessSpec
+from streamd.stages.postprocess.cpu import ClassThresholds, CpuPostprocessor, PostprocessSpec
 from tests.gpu.reference import synthetic_output
 
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from streamd.config import load_config
-from streamd.daemon import Daemon
+from streamd.supervisor import Supervisor
 from tests.conftest import CLIP_HEVC, MODEL, SCHEMA
 
 pytest.importorskip("lap")
@@ -28,7 +28,7 @@ def test_detect_fps_skips_are_counted_and_filled(tmp_path, caplog) -> None:
         "tracking:\n  enabled: true\n  fill_skipped: true\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
-    daemon = Daemon(load_config(cfg), status_line=False)
+    daemon = Supervisor(load_config(cfg), status_line=False)
     with caplog.at_level(logging.INFO, logger="streamd"):
         assert daemon.run() == 0
     snap = daemon.snapshot()

@@ -19,7 +19,7 @@ import yaml
 from streamd.analytics.stream import StreamAnalytics
 from streamd.config.coco import COCO_NAMES
 from streamd.config.streams import StreamConfig
-from streamd.ingest import StreamWorker
+from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
 from tests.analytics.test_stream_analytics import config, frame, parse, person, result
 from tests.sources.conftest import make_camera_clip
@@ -199,7 +199,7 @@ def test_the_daemon_closes_every_zone_of_the_bundled_clip(tmp_path) -> None:
 def test_a_stream_removed_by_a_reload_closes_its_zones(tmp_path) -> None:
     """Pipeline.reconfigure removing a running (paced) stream: its tracks leave their zones then."""
     from streamd.config import parse_config
-    from streamd.worker import Pipeline
+    from streamd.worker.pipeline import Pipeline
 
     root = Path(__file__).resolve().parent.parent.parent
     clip = str(root / "samples" / "vtest.mp4")

@@ -161,8 +161,8 @@ class FakeQueue:
 
 
 def test_ingest_hook_skips_counts_and_releases_surfaces(tmp_path):
-    from streamd.decode import DecodedPicture
-    from streamd.ingest import StreamWorker
+    from streamd.ingest.decode import DecodedPicture
+    from streamd.ingest.stream import StreamWorker
 
     cfg = config(tmp_path, detect_fps=5, tracking={"fill_skipped": True})
     hook = StreamAnalytics(cfg.streams[0], COCO_NAMES)

@@ -9,9 +9,10 @@ import pytest
 from streamd.analytics.events import ZoneEvents
 from streamd.analytics.rate import DetectRate
 from streamd.analytics.tracker import ByteTracker, iou_matrix
-from streamd.analytics.zones import ZoneSet, points_in_polygon, polygon_problem
+from streamd.analytics.zones import ZoneSet, points_in_polygon
 from streamd.config.streams import ZoneConfig
 from streamd.config.tracking import TrackingConfig
+from streamd.geometry import polygon_problem
 
 pytest.importorskip("lap")
 

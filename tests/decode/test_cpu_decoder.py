@@ -18,10 +18,10 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.decode import DecodeError, close_later, create_decoder, wait_closed
-from streamd.decode.cpu import CpuDecoder
-from streamd.sources import Packet, available_backends, demuxer_class
-from streamd.sources.base import VideoInfo
+from streamd.ingest.decode import DecodeError, close_later, create_decoder, wait_closed
+from streamd.ingest.decode.cpu import CpuDecoder
+from streamd.ingest.sources import Packet, available_backends, demuxer_class
+from streamd.ingest.sources.base import VideoInfo
 from tests.sources.conftest import CLIP, CLIP_HEVC
 
 
@@ -91,11 +91,12 @@ def test_unknown_codec_and_decoder_names() -> None:
 
 def test_importing_streamd_needs_no_gpu_packages() -> None:
     code = (
-        "import sys, streamd, streamd.decode.nvdec, streamd.ingest, streamd.sources.opencv\n"
+        "import sys, streamd, streamd.ingest.decode.nvdec, streamd.ingest.stream\n"
+        "import streamd.ingest.sources.opencv\n"
         "gpu = ('PyNvVideoCodec', 'cuda', 'cuda.bindings', 'torch', 'tensorrt')\n"
         "bad = [m for m in gpu if m in sys.modules]\n"
         "assert not bad, bad\n"
-        "from streamd.decode.nvdec import nvdec_available\n"
+        "from streamd.ingest.decode.nvdec import nvdec_available\n"
         "ok, why = nvdec_available(); assert not ok and why, why\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -238,7 +239,7 @@ INFO = VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=b"\x00\x00\x00\x01gSPS", 
 
 
 def make_nvdec(**kw):
-    from streamd.decode.nvdec import NvdecDecoder
+    from streamd.ingest.decode.nvdec import NvdecDecoder
 
     gpu, nvc = FakeGpu(), FakeNvc()
     return NvdecDecoder(INFO, gpu=gpu, nvc=nvc, **kw), gpu, nvc
@@ -316,7 +317,7 @@ def test_decode_after_flush_keeps_the_decoder_and_errors_recreate_it() -> None:
 def test_no_room_for_a_decoder_is_decoder_full_and_never_grows_the_decoder() -> None:
     """Failed NVDEC session creation is not a corrupt packet: DecoderFull (the stream waits and retries),
     and no recreation with twice the size headroom (that asks the full GPU for more)."""
-    from streamd.decode import DecoderFull
+    from streamd.ingest.decode import DecoderFull
 
     dec, _, nvc = make_nvdec()
     for i in range(2 * 3):
@@ -326,7 +327,7 @@ def test_no_room_for_a_decoder_is_decoder_full_and_never_grows_the_decoder() -> 
 
 
 def test_no_room_at_a_format_change_keeps_the_old_sequences_pictures() -> None:
-    from streamd.decode import DecoderFull
+    from streamd.ingest.decode import DecoderFull
 
     dec, _, nvc = make_nvdec()
     assert dec.decode(pkt(b"\x00\x00\x00\x01gSPS-A\x00\x00\x00\x01e-IDR", 0)) == []  # one picture pending
@@ -337,7 +338,7 @@ def test_no_room_at_a_format_change_keeps_the_old_sequences_pictures() -> None:
 
 def test_other_session_failures_are_not_decoder_full() -> None:
     """A profile or size NVDEC cannot take fails creation with another code: not 'the GPU is full'."""
-    from streamd.decode import DecoderFull
+    from streamd.ingest.decode import DecoderFull
 
     dec, _, _ = make_nvdec()
     nvc_error = "HandleVideoSequence : cuvidCreateDecoder(&m_hDecoder, &info) returned error 801"
@@ -370,8 +371,8 @@ def test_new_sps_flushes_and_replaces_the_decoder_off_the_decode_thread() -> Non
 def _sps_of(codec: str, params: str) -> bytes:
     import av
 
-    from streamd.decode.nvdec import find_sps
-    from streamd.sources.base import to_annexb_extradata
+    from streamd.ingest.decode.nvdec import find_sps
+    from streamd.ingest.sources.base import to_annexb_extradata
 
     ctx = av.CodecContext.create(codec, "w")
     ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = 64, 64, "yuv420p", Fraction(1, 25)
@@ -397,7 +398,7 @@ def _sps_of(codec: str, params: str) -> bytes:
     ],
 )
 def test_reorder_depth_from_the_sps(codec, params, depth) -> None:
-    from streamd.decode.sps import reorder_depth
+    from streamd.ingest.decode.sps import reorder_depth
 
     assert reorder_depth(_sps_of(codec, params), "h264" if codec == "libx264" else "hevc") == depth
 
@@ -407,7 +408,7 @@ def test_low_delay_uses_zero_display_delay_only_without_b_frames() -> None:
     with_b = b"\x00\x00\x00\x01" + _sps_of("libx264", "bframes=3")
     for extradata, live, expected in [(no_b, True, "low"), (with_b, True, "native"), (no_b, False, "native")]:
         info = VideoInfo("h264", 64, 48, 10.0, 0.01, extradata=extradata, annexb=True)
-        from streamd.decode.nvdec import NvdecDecoder
+        from streamd.ingest.decode.nvdec import NvdecDecoder
 
         nvc = FakeNvc()
         dec = NvdecDecoder(info, gpu=FakeGpu(), nvc=nvc, low_delay=live)
@@ -419,7 +420,7 @@ def test_low_delay_uses_zero_display_delay_only_without_b_frames() -> None:
 
 
 def test_nvdec_refuses_what_it_cannot_decode() -> None:
-    from streamd.decode.nvdec import NvdecDecoder
+    from streamd.ingest.decode.nvdec import NvdecDecoder
 
     with pytest.raises(DecodeError, match="no AV1"):
         NvdecDecoder(VideoInfo("av1", 64, 48, None, 0.1, annexb=False), gpu=FakeGpu(), nvc=FakeNvc())
@@ -472,7 +473,7 @@ def test_a_close_after_the_cuda_context_is_quiet_others_are_logged(caplog) -> No
         def close(self) -> None:
             raise self.exc
 
-    caplog.set_level(logging.DEBUG, logger="streamd.decode.base")
+    caplog.set_level(logging.DEBUG, logger="streamd.ingest.decode.base")
     close_later(Fails(Gone("context is destroyed")))
     close_later(Fails(ValueError("boom")))
     assert wait_closed(5)

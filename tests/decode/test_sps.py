@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamd.decode.nvdec import find_sps
-from streamd.sources import demuxer_class
+from streamd.ingest.decode.nvdec import find_sps
+from streamd.ingest.sources import demuxer_class
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from streamd.engines import create_engine, onnx_tools
+from streamd.checks.verify import create_engine
+from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
 from streamd.engines.onnxruntime import OnnxRuntimeEngine
 from streamd.engines.registry import FixedBatch

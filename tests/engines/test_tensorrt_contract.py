@@ -22,9 +22,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from streamd.engines import create_engine
+from streamd.build_engine import add_build_engine_parser, run_build_engine
+from streamd.checks.verify import create_engine
 from streamd.engines.base import EngineError
-from streamd.engines.build import add_build_engine_parser, run_build_engine
 from streamd.engines.progress import BuildProgress
 from streamd.engines.registry import choose_backend
 from streamd.engines.tensorrt import TensorRTEngine

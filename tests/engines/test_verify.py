@@ -1,4 +1,4 @@
-"""The start-up equivalence check (streamd.engines.verify) with the torch engine on the CPU.
+"""The start-up equivalence check (streamd.checks.verify) with the torch engine on the CPU.
 
 The broken-conversion fixture is the tiny detector with a ``linear``/``asymmetric`` Resize (what tf2onnx
 writes for TensorFlow's ResizeBilinear) converted by onnx2torch alone, i.e. with streamd's rewrite switched
@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamd.engines import create_engine
-from streamd.engines.verify import (
+from streamd.checks.verify import (
     TOLERANCES,
     VerificationError,
     VerifyPlan,
     compare,
+    create_engine,
     frames,
     make_inputs,
 )
-from streamd.pipeline.postprocess import PostprocessSpec
-from streamd.pipeline.preprocess import PreprocessSpec
+from streamd.stages.postprocess.cpu import PostprocessSpec
+from streamd.stages.preprocess.cpu import PreprocessSpec
 from tests.engines.tiny_models import make_detector
 
 PLAN = VerifyPlan(
@@ -59,7 +59,7 @@ def test_inputs_look_like_frames():
 
 
 def test_torch_cpu_engine_passes_and_the_verdict_is_cached(torch_ready, tf_style, tmp_path, caplog):
-    caplog.set_level(logging.INFO, "streamd.engines.verify")
+    caplog.set_level(logging.INFO, "streamd.checks.verify")
     engine = create_engine("torch", tf_style, max_batch=2, device="cpu", verify=PLAN, cache_dir=tmp_path)
     v = engine.verification
     assert v["passed"] and not v["cached"] and v["inputs"] == 4 and v["cost_ms"] > 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections
 from tests.conftest import CLIP, MODEL
 from tests.gpu._helpers import POISON, to_device
@@ -65,7 +65,7 @@ def assert_same(got: list[Detections], want: list[Detections], what: str) -> Non
 def run_gpu(
     ctx: object, loader: object, stream: object, spec: PostprocessSpec, raw: np.ndarray, n: int, dtype: str
 ) -> list[Detections]:
-    from streamd.gpu.postprocess import GpuPostprocessor
+    from streamd.stages.postprocess.cuda import GpuPostprocessor
 
     batch = raw.shape[0]
     post = GpuPostprocessor(spec, ctx, max_batch=batch, num_anchors=n, dtype=dtype, loader=loader)
@@ -107,7 +107,7 @@ def test_matches_cpu_twin(ctx: object, loader: object, stream: object, case: str
 def test_streams_share_scratch_safely(ctx: object, loader: object) -> None:
     """Back-to-back calls on two streams (scratch shared): each result equals the CPU twin."""
     from streamd.gpu.cuda import Stream
-    from streamd.gpu.postprocess import GpuPostprocessor
+    from streamd.stages.postprocess.cuda import GpuPostprocessor
 
     spec = PostprocessSpec("yolov8", 80, 0.25, 0.45, 100, 1000)
     rng = np.random.default_rng(3)
@@ -135,8 +135,8 @@ def test_real_detector_outputs(ctx: object, loader: object, stream: object) -> N
     import cv2
 
     from streamd.gpu.cuda import DeviceBuffer
-    from streamd.gpu.preprocess import GpuPreprocessor, PackedSurface
-    from streamd.pipeline.preprocess import PreprocessSpec
+    from streamd.stages.preprocess.cpu import PreprocessSpec
+    from streamd.stages.preprocess.cuda import GpuPreprocessor, PackedSurface
 
     cap = cv2.VideoCapture(str(CLIP))
     images = []

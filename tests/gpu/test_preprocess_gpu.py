@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec, compute_transform
+from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec, compute_transform
 from tests.conftest import CLIP
 from tests.gpu._helpers import POISON, from_device
 from tests.gpu.reference import bgr_to_nv12, nv12_to_bgr_float, random_nv12
@@ -70,7 +70,7 @@ class DeviceFrames:
 
     def surfaces(self) -> list[object]:
         from streamd.gpu.cuda import DeviceBuffer
-        from streamd.gpu.preprocess import Nv12Surface, PackedSurface
+        from streamd.stages.preprocess.cuda import Nv12Surface, PackedSurface
 
         if self.buffer is None:
             self.buffer = DeviceBuffer(self.size)
@@ -119,7 +119,7 @@ def test_random_frames(
     ctx: object, loader: object, stream: object, size: tuple[int, int], spec_name: str, dtype: str
 ) -> None:
     """One batch: NV12 (odd pitch), NV12 (even pitch, other matrix/range), packed BGR, packed RGB."""
-    from streamd.gpu.preprocess import GpuPreprocessor
+    from streamd.stages.preprocess.cuda import GpuPreprocessor
 
     spec = SPECS[spec_name]
     w, h = size
@@ -170,7 +170,7 @@ def real_frames(count: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_real_frames_mixed_batch(ctx: object, loader: object, stream: object, dtype: str) -> None:
     """Real video frames, NV12 and packed, at their own size and upscaled to 1080p, in one launch."""
-    from streamd.gpu.preprocess import GpuPreprocessor
+    from streamd.stages.preprocess.cuda import GpuPreprocessor
 
     spec = SPECS["letterbox640-rgb-imagenet"]
     images = real_frames(3)
@@ -196,7 +196,7 @@ def test_real_frames_mixed_batch(ctx: object, loader: object, stream: object, dt
 def test_batches_reuse_the_parameter_ring(ctx: object, loader: object, stream: object) -> None:
     """More calls than ring entries, each checked: no parameter set is overwritten too early."""
     from streamd.gpu.cuda import DeviceBuffer
-    from streamd.gpu.preprocess import GpuPreprocessor
+    from streamd.stages.preprocess.cuda import GpuPreprocessor
 
     spec = PreprocessSpec(96, 64)
     rng = np.random.default_rng(7)
@@ -226,7 +226,7 @@ def test_writes_into_a_torch_tensor(ctx: object, loader: object) -> None:
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     from streamd.gpu.cuda import Stream
-    from streamd.gpu.preprocess import GpuPreprocessor
+    from streamd.stages.preprocess.cuda import GpuPreprocessor
 
     spec = SPECS["letterbox416-bgr-nanodet"]
     img = real_frames(1)[0]
@@ -234,7 +234,7 @@ def test_writes_into_a_torch_tensor(ctx: object, loader: object) -> None:
     stream = Stream.borrow(ts.cuda_stream, ctx)
     src = torch.from_numpy(img).to("cuda")
     torch.cuda.synchronize()
-    from streamd.gpu.preprocess import PackedSurface
+    from streamd.stages.preprocess.cuda import PackedSurface
 
     tensor = torch.full((1, 3, 416, 416), float("nan"), dtype=torch.float16, device="cuda")
     torch.cuda.synchronize()

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.pipeline.postprocess import CpuPostprocessor, PostprocessSpec, nms, resolve_layout
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec, nms, resolve_layout
 
 C = 80
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from streamd.pipeline.batcher import Batcher
 from streamd.pipeline.scheduler import Scheduler
-from streamd.pipeline.stages import Slot
+from streamd.stages.contract import Slot
 from streamd.types import Detections, Frame, FrameResult, Transform, to_source_padded
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.ingest import StreamWorker
+from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
 
 HERE = Path(__file__).resolve().parent

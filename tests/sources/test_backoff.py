@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streamd.sources.backoff import Backoff, StallWatch
+from streamd.ingest.sources.backoff import Backoff, StallWatch
 
 
 def test_doubles_up_to_the_cap_without_jitter() -> None:

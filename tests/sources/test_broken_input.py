@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.decode.cpu import CpuDecoder
-from streamd.sources import available_backends, demuxer_class
+from streamd.ingest.decode.cpu import CpuDecoder
+from streamd.ingest.sources import available_backends, demuxer_class
 from tests.sources.conftest import CLIP
 
 BACKENDS = available_backends()

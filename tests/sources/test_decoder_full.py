@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import time
 
-from streamd import ingest
 from streamd.config.streams import StreamConfig
-from streamd.decode import DecoderFull, wait_closed
+from streamd.ingest import stream as ingest
+from streamd.ingest.decode import DecoderFull, wait_closed
 from tests.sources.conftest import CLIP
 
 FRAMES = 795  # tests/sources/conftest.py: the bundled clip
@@ -50,7 +50,7 @@ def test_a_stream_without_a_decoder_waits_and_the_others_go_on(pipeline, monkeyp
     cfg = StreamConfig(id="full", url=str(CLIP), reconnect_initial_s=0.3, reconnect_max_s=0.6)
     full = pipe.add(cfg, policy="block", decoder_options={"_stream": "full"})
     other = pipe.add(StreamConfig(id="ok", url=str(CLIP)), policy="block")
-    caplog.set_level(logging.WARNING, logger="streamd.ingest")
+    caplog.set_level(logging.WARNING, logger="streamd.ingest.stream")
     pipe.start()
     assert pipe.wait_until(lambda: full.stats.state == "no_decoder", 10)
     assert "cuvidCreateDecoder" in full.stats.last_error
@@ -83,7 +83,7 @@ def test_the_first_wait_for_a_decoder_is_long(pipeline, monkeypatch, caplog) -> 
     """Decoders free up only when other streams end: the first retry waits ingest.DECODER_WAIT_S (5 s, less
     up to 20 % jitter), not reconnect_initial_s (0.5 s), so many waiting streams do not storm the GPU."""
     monkeypatch.setattr(ingest, "create_decoder", lambda kind, info, **kw: _NoRoom())
-    caplog.set_level(logging.WARNING, logger="streamd.ingest")
+    caplog.set_level(logging.WARNING, logger="streamd.ingest.stream")
     pipe = pipeline(capacity=2)
     # its own id: ingest's warnings are rate-limited per stream (3 per 10 s), the tests above used "full"
     cfg = StreamConfig(id="waits-5s", url=str(CLIP), reconnect_initial_s=0.5, reconnect_max_s=30.0)

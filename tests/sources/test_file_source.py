@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.sources import SourceError, available_backends, demuxer_class, open_stream
-from streamd.sources.base import nal_types, to_annexb_extradata
-from streamd.sources.file import Pacer
+from streamd.ingest.sources import SourceError, available_backends, demuxer_class, open_stream
+from streamd.ingest.sources.base import nal_types, to_annexb_extradata
+from streamd.ingest.sources.file import Pacer
 from tests.sources.conftest import CLIP, CLIP_HEVC, ffprobe_pts
 
 BACKENDS = available_backends()

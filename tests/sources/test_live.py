@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streamd.sources import available_backends
+from streamd.ingest.sources import available_backends
 from tests.sources.conftest import CLIP, CLIP_HEVC, RtspServer, ffprobe_pts, live_config
 
 PERIOD = 0.04  # the camera clips are 25 fps

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from streamd.sources import available_backends
+from streamd.ingest.sources import available_backends
 from tests.sources.conftest import CLIP_HEVC, RtspServer, free_port, live_config
 
 BACKENDS = available_backends()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.sources import available_backends
+from streamd.ingest.sources import available_backends
 from tests.sources.conftest import CLIP, RtspServer, free_port, live_config
 
 BACKENDS = available_backends()

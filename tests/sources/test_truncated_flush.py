@@ -25,11 +25,11 @@ import pytest
 
 from streamd.config import load_config
 from streamd.config.streams import StreamConfig
-from streamd.daemon import Daemon
-from streamd.decode import DecodedPicture
-from streamd.ingest import StreamWorker
+from streamd.ingest.decode import DecodedPicture
+from streamd.ingest.sources import Packet, SourceError, VideoInfo, available_backends
+from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
-from streamd.sources import Packet, SourceError, VideoInfo, available_backends
+from streamd.supervisor import Supervisor
 from tests.conftest import MODEL
 from tests.sources.conftest import CLIP
 
@@ -142,7 +142,7 @@ def test_every_picture_of_a_truncated_file_comes_out(pipeline, truncated, suffix
     ref = reference(truncated[suffix])
     pipe = pipeline(capacity=2)
     worker = pipe.add(StreamConfig(id="t", url=str(truncated[suffix])), policy="block", demux=backend)
-    with caplog.at_level(logging.WARNING, logger="streamd.ingest"):
+    with caplog.at_level(logging.WARNING, logger="streamd.ingest.stream"):
         pipe.start()
         assert worker.join(30)
     s = worker.stats
@@ -173,7 +173,7 @@ def test_the_daemon_writes_a_line_for_every_picture(tmp_path, truncated) -> None
         "engine:\n  type: onnxruntime\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
-    assert Daemon(load_config(cfg), status_line=False).run() == 0
+    assert Supervisor(load_config(cfg), status_line=False).run() == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     frames = [r for r in lines if "type" not in r]
     assert [r["frame"] for r in frames] == list(range(len(frames)))
@@ -230,8 +230,8 @@ def test_a_read_error_flushes_whatever_decoder_the_stream_has(monkeypatch) -> No
     """The flush at a cut is the stream worker's, not the CPU decoder's: an NVDEC stream (here a stand-in
     with the same interface) gets its held pictures out the same way."""
     decoder = _ReorderingDecoder(depth=3)
-    monkeypatch.setattr("streamd.ingest.open_stream", lambda *a, **k: _CutDemuxer(20))
-    monkeypatch.setattr("streamd.ingest.create_decoder", lambda *a, **k: decoder)
+    monkeypatch.setattr("streamd.ingest.stream.open_stream", lambda *a, **k: _CutDemuxer(20))
+    monkeypatch.setattr("streamd.ingest.stream.create_decoder", lambda *a, **k: decoder)
     batcher = Batcher(8, 0.01)
     queue = batcher.add_stream("n", 64, "block")
     worker = StreamWorker(

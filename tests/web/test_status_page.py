@@ -107,8 +107,8 @@ def test_status_page_lists_the_demo_stream_and_shows_its_boxes(tmp_path, assets,
 def test_status_page_marks_a_stale_stream_and_shows_the_last_error(browser) -> None:
     """The page over a snapshot where ``cam`` runs but its last packet is 12 s old (stale) and ``door`` is
     refused: the rows say so, with the age marked STALE and the last error, and the summary says DEGRADED."""
-    from streamd import status
-    from streamd.metrics import MetricsServer
+    from streamd.supervisor import status
+    from streamd.supervisor.server import MetricsServer
 
     per_stream = {
         "demo": {"state": "running", "last_packet_age_s": 0.04, "fps": 25.0},

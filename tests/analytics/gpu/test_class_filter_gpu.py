@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from streamd.pipeline.postprocess import ClassThresholds, CpuPostprocessor, PostprocessSpec
+from streamd.stages.postprocess.cpu import ClassThresholds, CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections
 from tests.conftest import CLIP, MODEL
 from tests.gpu.reference import synthetic_output
@@ -42,7 +42,7 @@ def assert_same(got: list[Detections], want: list[Detections], what: str) -> Non
 
 
 def run_gpu(ctx, loader, stream, spec, raw, n, dtype, stream_ids) -> list[Detections]:
-    from streamd.gpu.postprocess import GpuPostprocessor
+    from streamd.stages.postprocess.cuda import GpuPostprocessor
 
     batch = raw.shape[0]
     post = GpuPostprocessor(spec, ctx, max_batch=batch, num_anchors=n, dtype=dtype, loader=loader)
@@ -100,7 +100,7 @@ def test_real_frames_person_only(ctx, loader, stream) -> None:
     ort = pytest.importorskip("onnxruntime")
     import cv2
 
-    from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
+    from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 
     cap = cv2.VideoCapture(str(CLIP))
     pre = CpuPreprocessor(PreprocessSpec(416, 416, "bgr", (103.53, 116.28, 123.675), (57.375, 57.12, 58.395)))

@@ -24,7 +24,7 @@ from streamd.analytics.stream import StreamAnalytics
 from streamd.analytics.tracker import assign, iou_matrix
 from streamd.config import parse_config
 from streamd.config.coco import COCO_NAMES
-from streamd.pipeline.postprocess import ClassThresholds, CpuPostprocessor, PostprocessSpec
+from streamd.stages.postprocess.cpu import ClassThresholds, CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections, Frame, FrameResult
 from tests.analytics.gpu.test_class_filter_gpu import run_gpu
 from tests.conftest import CLIP, MODEL, ROOT, SCHEMA, run_streamd
@@ -45,7 +45,7 @@ def test_same_detections_same_tracks(ctx, loader, stream, tmp_path) -> None:
     ort = pytest.importorskip("onnxruntime")
     import cv2
 
-    from streamd.pipeline.preprocess import CpuPreprocessor, PreprocessSpec
+    from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 
     n = 120
     cap = cv2.VideoCapture(str(CLIP))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamd.decode.nvdec import nvdec_available
+from streamd.ingest.decode.nvdec import nvdec_available
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIPS = {
@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _ok, reason=f"no NVDEC her
 def reference_luma(path: Path) -> list[np.ndarray]:
     """Y planes of every frame, in display order, from the CPU twin."""
     if importlib.util.find_spec("av") is not None:
-        from streamd.decode.cpu import CpuDecoder
-        from streamd.sources import demuxer_class
+        from streamd.ingest.decode.cpu import CpuDecoder
+        from streamd.ingest.sources import demuxer_class
 
         dmx = demuxer_class("pyav")(str(path), annexb=True)
         dec = CpuDecoder(dmx.info, keep_luma=True)
@@ -62,8 +62,8 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def nvdec_frames(path: Path, *, hold: bool = False, demux: str = "opencv", **options):
     """Decode with our demuxer + NvdecDecoder; returns (decoder, pictures). Surfaces are held if ``hold``."""
-    from streamd.decode.nvdec import NvdecDecoder
-    from streamd.sources import demuxer_class
+    from streamd.ingest.decode.nvdec import NvdecDecoder
+    from streamd.ingest.sources import demuxer_class
 
     dmx = demuxer_class(demux)(str(path), annexb=True)
     dec = NvdecDecoder(dmx.info, **options)
@@ -74,7 +74,7 @@ def nvdec_frames(path: Path, *, hold: bool = False, demux: str = "opencv", **opt
 
 @pytest.mark.parametrize("clip", ["h264", "hevc"])
 def test_nvdec_equals_cpu_decoder(clip: str) -> None:
-    from streamd.decode.nvdec import download_nv12
+    from streamd.ingest.decode.nvdec import download_nv12
 
     ref = reference_luma(CLIPS[clip])
     # Hold every surface until the end: proves the pooled copies outlive PyNvVideoCodec's buffer recycling.
@@ -123,7 +123,7 @@ def test_resolution_change_mid_stream(tmp_path: Path) -> None:
 
     The reference decodes the two parts separately (OpenCV's YUV output does not follow a size change).
     """
-    from streamd.decode.nvdec import download_nv12
+    from streamd.ingest.decode.nvdec import download_nv12
 
     joined = tmp_path / "size-change.ts"
     joined.write_bytes(b"".join(p.read_bytes() for p in SIZE_PARTS))
@@ -155,8 +155,8 @@ LOW_DELAY_P99_MS = 10.0  # issue 12: a live 1080p30 picture within 10 ms of its 
 def test_decoder_kept_across_passes_and_every_picture_delivered() -> None:
     """A looping file / reconnecting camera: flush (ENDOFSTREAM) at the end of each pass delivers every
     picture, and the same PyNvVideoCodec decoder decodes the next pass (no teardown, no creation)."""
-    from streamd.decode.nvdec import NvdecDecoder, download_nv12
-    from streamd.sources import demuxer_class
+    from streamd.ingest.decode.nvdec import NvdecDecoder, download_nv12
+    from streamd.ingest.sources import demuxer_class
 
     ref = reference_luma(CLIPS["hevc"])
     dec = None
@@ -192,8 +192,8 @@ def test_low_delay_gives_each_picture_from_its_own_packet(size: str) -> None:
     the picture of the packet it was given (zero display delay); the default mode holds pictures back."""
     import time
 
-    from streamd.decode.nvdec import NvdecDecoder, download_nv12
-    from streamd.sources import demuxer_class
+    from streamd.ingest.decode.nvdec import NvdecDecoder, download_nv12
+    from streamd.ingest.sources import demuxer_class
 
     ref = reference_luma(IPP[size])
     dmx = demuxer_class("opencv")(str(IPP[size]), annexb=True)
@@ -236,7 +236,7 @@ def test_looping_stream_creates_one_decoder_and_loses_no_frame() -> None:
     import time
 
     from streamd.config.streams import StreamConfig
-    from streamd.ingest import StreamWorker
+    from streamd.ingest.stream import StreamWorker
     from streamd.pipeline.batcher import Batcher
 
     batcher = Batcher(8, 0.005)

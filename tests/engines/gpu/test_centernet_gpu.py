@@ -1,7 +1,7 @@
 """Issue 13 acceptance on the GPU: the TF-exported end2end CenterNet (models/centernet-mbv3-coco.onnx,
 tf2onnx, [1, 100, 6], batch 1) through the torch engine on CUDA matches ONNX Runtime CPU on 120 real vtest
 frames: ≥ 99 % of the CPU detections scoring above threshold + 0.05 reproduced at IoU ≥ 0.95, per-output error
-within the documented tolerance (streamd.engines.verify.TOLERANCES); the start-up check passes, reports its
+within the documented tolerance (streamd.checks.verify.TOLERANCES); the start-up check passes, reports its
 cost, and is skipped on a warm start; the conversion without streamd's Resize rewrite is refused at start-up.
 Results (JSON) go to ``$STREAMD_RESULTS`` if set. Skipped without CUDA, torch or onnx2torch.
 """
@@ -21,9 +21,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("onnx2torch")
 
 from bench.bench_centernet import MODEL, PRE, agreement, read_frames, reference  # noqa: E402
-from streamd.engines import create_engine  # noqa: E402
-from streamd.engines.verify import VerificationError, VerifyPlan, compare  # noqa: E402
-from streamd.pipeline.postprocess import PostprocessSpec  # noqa: E402
+from streamd.checks.verify import (  # noqa: E402
+    VerificationError,
+    VerifyPlan,
+    compare,
+    create_engine,
+)
+from streamd.stages.postprocess.cpu import PostprocessSpec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 THRESHOLD = 0.3

@@ -37,8 +37,8 @@ RESULTS: dict[str, dict] = {}
 
 def _specs():
     from streamd.config import load_config
-    from streamd.pipeline.postprocess import PostprocessSpec
-    from streamd.pipeline.preprocess import PreprocessSpec
+    from streamd.stages.postprocess.cpu import PostprocessSpec
+    from streamd.stages.preprocess.cpu import PreprocessSpec
 
     m = load_config(CONFIG).model
     w, h = m.input_size
@@ -54,7 +54,7 @@ def frames() -> np.ndarray:
     """N_FRAMES real frames (every 8th of the clip), preprocessed: float32 [N, 3, 416, 416]."""
     import cv2
 
-    from streamd.pipeline.preprocess import CpuPreprocessor
+    from streamd.stages.preprocess.cpu import CpuPreprocessor
 
     if not MODEL.exists() or not CLIP.exists():
         pytest.skip("bundled model or clip missing")
@@ -167,7 +167,7 @@ def match(ref, got, post, margin: float, px: float) -> tuple[int, int, list[str]
 def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
     """fp16-compiled: engine.compile (torch.compile): the fused kernels must detect what ORT does too."""
     from streamd.engines.torch import TorchEngine
-    from streamd.pipeline.postprocess import CpuPostprocessor
+    from streamd.stages.postprocess.cpu import CpuPostprocessor
 
     compiled = precision.endswith("-compiled")
     t0 = time.perf_counter()

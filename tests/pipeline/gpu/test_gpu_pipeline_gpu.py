@@ -15,9 +15,9 @@ import pytest
 
 from streamd.config import load_config
 from streamd.engines import create_engine
-from streamd.pipeline.cpu_stages import CpuStages
-from streamd.pipeline.postprocess import PostprocessSpec, resolve_layout
-from streamd.pipeline.preprocess import PreprocessSpec
+from streamd.stages.cpu import CpuStages
+from streamd.stages.postprocess.cpu import PostprocessSpec, resolve_layout
+from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import Frame
 from tests.conftest import CLIP, CLIP_HEVC, MODEL, run_streamd
 from tests.test_reference_detections import NANODET_MODEL

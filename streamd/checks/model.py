@@ -1,0 +1,133 @@
+"""Does the model file fit the config? ``streamd check`` (and ``run``, before anything starts) opens the ONNX
+graph — no engine is built, nothing runs — and compares its input, batch and output with the ``model:`` and
+``engine:`` sections, so a mismatch is a config problem (exit 78, key path and line) and not a crash later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamd.config import Config
+from streamd.config._fields import Problems
+
+VIDEO_SUFFIXES = {".mp4", ".mkv", ".mov", ".avi", ".ts", ".m4v", ".webm", ".h264", ".h265", ".hevc", ".flv"}
+
+
+@dataclass
+class ModelReport:
+    """What the check found: ``problems`` (config lines, as ConfigError shows them), ``notes`` (facts worth a
+    line that need no change) and ``summary`` (the model's input and output, for the OK line)."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: str = ""
+
+
+def check_model(config: Config) -> ModelReport:
+    """Open ``config.model.path`` as ONNX and check it against the config (see module docstring)."""
+    problems = Problems(config.source, Path("."), config.lines)
+    report = ModelReport()
+    graph = _open(config.model.path, problems)
+    if graph is not None:
+        _compare(graph, config, problems, report)
+    report.problems = problems.messages()
+    return report
+
+
+def _open(path: Path, problems: Problems) -> Any | None:
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        problems.add(
+            "model.path",
+            f"{path.name!r} is a video file, not a model; model.path takes an ONNX file "
+            "(the videos go under streams[].url)",
+        )
+        return None
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError, OSError, ...
+        problems.add("model.path", f"cannot read {path.name!r} as an ONNX model: {_first_line(exc)}")
+        return None
+    if not model.graph.node or not model.opset_import:
+        problems.add(
+            "model.path", f"{path.name!r} is not an ONNX model (no graph in it); export the model to ONNX"
+        )
+        return None
+    return model
+
+
+def _compare(model: Any, config: Config, problems: Problems, report: ModelReport) -> None:
+    from streamd.engines.base import EngineError
+    from streamd.engines.onnx_tools import model_io
+    from streamd.stages.postprocess.cpu import resolve_layout
+
+    m, e = config.model, config.engine
+    name = m.path.name
+    try:
+        io = model_io(model, name)
+    except EngineError as exc:
+        problems.add("model.path", str(exc).removeprefix("model.path: "))
+        return
+    c, h, w = io.chw
+    out = _output_dims(model, io.output_shape)
+    report.summary = f"model {name}: input {_text(io.input_shape)}, output {_text(out)}"
+    if c != 3:
+        problems.add("model.path", f"{name} takes {c} input channels; streamd feeds 3 (RGB or BGR)")
+    if (w, h) != tuple(m.input_size):
+        problems.add(
+            "model.input_size",
+            f"model.input_size is {list(m.input_size)} (width, height) but {name} takes {w}×{h} "
+            f"(input {_text(io.input_shape)}); set model.input_size: [{w}, {h}]",
+        )
+    if io.batch is not None and io.batch > 1:
+        top = -(-e.max_batch // io.batch) * io.batch
+        report.notes.append(
+            f"{name} fixes its batch at {io.batch}: the engine runs {io.batch} rows per call, a smaller "
+            f"batch padded (batches of up to {top}; a dynamic-batch export wastes nothing)"
+        )
+    elif io.batch == 1 and e.max_batch > 1:
+        report.notes.append(
+            f"{name} fixes its batch at 1: unless it proves batch-dynamic when the engine loads, batches "
+            f"of up to engine.max_batch {e.max_batch} run image by image (a dynamic-batch export is faster)"
+        )
+    if len(out) != 3:
+        problems.add(
+            "model.path",
+            f"{name} has output {list(out)}; streamd reads a 3-D output [B, ., .] "
+            "(yolov8 [B, 4+C, N], yolov5 [B, N, 5+C] or end2end [B, K, 6])",
+        )
+    elif all(isinstance(d, int) and d > 0 for d in out[1:]):
+        try:
+            resolve_layout(m.layout, (1, int(out[1]), int(out[2])), len(m.class_names))
+        except ValueError as exc:
+            problems.add("model.layout", str(exc).removeprefix("model.layout: "))
+    else:
+        report.notes.append(f"{name}: output shape {list(out)} is only known when run; layout checked then")
+
+
+def _output_dims(model: Any, declared: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """The output shape, from shape inference where the graph leaves dimensions symbolic."""
+    if all(isinstance(d, int) and d > 0 for d in declared[1:]):
+        return declared
+    import onnx
+
+    from streamd.engines.onnx_tools import _dims
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
+    except Exception:  # inference is best effort; the engine reports the real shape when it runs
+        return declared
+    dims = _dims(inferred)
+    return dims if len(dims) == len(declared) else declared
+
+
+def _text(dims: tuple[int | str, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]

@@ -1,0 +1,1 @@
+"""Preprocess: ``spec`` (what a model wants, where a frame lands), ``cpu`` (OpenCV), ``cuda`` (kernel)."""

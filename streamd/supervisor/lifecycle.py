@@ -1,0 +1,494 @@
+"""The daemon: a supervisor over worker processes.
+
+One Python process carries only so many live cameras (the GIL, not the GPU, is the limit), so ``streamd run``
+spreads the configured streams over worker processes (``pipeline.workers``), each running the whole pipeline
+for its share (``streamd.worker``). The supervisor never touches CUDA or pixels; it owns what must be one per
+daemon:
+
+- the partition of streams over workers and GPUs, and restarting a worker that died (with backoff; its
+  streams resume with their frame indices continuing, the other workers never notice);
+- the sinks (one JSONL file for everyone; each stream's lines stay in order because a stream lives in one
+  worker and a pipe keeps order);
+- signals (SIGINT/SIGTERM: every worker drains, exit 0; a second Ctrl-C skips the drain), systemd notify
+  (READY once every worker is ready; WATCHDOG only while every worker with running streams makes progress),
+  the status line, ``/metrics`` and the exit status.
+
+This module is the lifecycle (signals, start-up, the serve loop, reload, shutdown, exit status); the worker
+processes are kept in ``pool`` (partition, reader threads, restarts, spare, stop) and the merged
+counters are computed and rendered in ``streamd.supervisor.status``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+from streamd import logutil, systemd
+from streamd.config import Config
+from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
+from streamd.sinks import SinkSet
+from streamd.sinks.base import LineSink
+from streamd.supervisor import control, status
+from streamd.supervisor.pool import WorkerPool, WorkerSlot, plan_workers
+from streamd.supervisor.reload import ReloadPlan, plan_reload, reread
+from streamd.supervisor.server import MetricsServer
+
+__all__ = ["Supervisor", "plan_workers"]
+
+log = logging.getLogger("streamd.supervisor")
+
+
+class Supervisor:
+    STALL_S = 30.0  # no result for this long while streams run = stalled (health 503, watchdog withheld)
+
+    def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
+        self.status_line = sys.stderr.isatty() if status_line is None else status_line
+        self.stop = threading.Event()  # SIGINT/SIGTERM: stop reading, drain, exit
+        self._abort = threading.Event()  # second Ctrl-C: skip the drain
+        # The worker processes: partition, start, restart, spare, stop (streamd.supervisor.pool).
+        self.pool = WorkerPool(config, stop=self.stop, abort=self._abort, on_tick=self._tick)
+        self.sinks: list[LineSink] = []
+        self.sink_set: SinkSet | None = None
+        self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate), then reload the config
+        self._waiting: list[tuple[str, ...]] = []  # reload: stream groups whose old worker still drains
+        self._leaving: dict[str, WorkerSlot] = {}  # reload: removed streams whose worker still drains
+        self._switches: list[tuple[WorkerSlot, WorkerSlot]] = []  # reload, new model: (running, successor)
+        self.ready_at = 0.0  # perf_counter: every worker ready
+        self._t0 = time.monotonic()
+        self._last_ping = self._last_status = 0.0
+        self._overloaded = False
+        self._reloads = 0  # generation of the reload outcome (streamd.supervisor.control): SIGHUPs handled
+        self._last_health = 0.0
+        usec = systemd.watchdog_usec()
+        self._watchdog_s = usec / 1e6 if usec else 0.0
+
+    @property
+    def config(self) -> Config:
+        """The running config (a reload replaces its streams and sinks; the workers started later see it)."""
+        return self.pool.config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        self.pool.config = config
+
+    @property
+    def workers(self) -> list[WorkerSlot]:
+        return self.pool.workers
+
+    @property
+    def spares(self) -> dict[int, WorkerSlot]:
+        """The idle spare worker of each GPU in use, by device."""
+        return self.pool.spares
+
+    @property
+    def last_result_at(self) -> float:
+        """perf_counter of the last result received from any worker."""
+        return self.pool.last_result_at
+
+    def frame_snapshot(self, stream_id: str, timeout: float = 2.0) -> bytes | None:
+        """The status page's JPEG of a stream's latest frame, asked of the worker that carries the stream."""
+        return self.pool.frame_snapshot(stream_id, timeout)
+
+    # -- signals ---------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reopen.set()
+            return
+        if self.stop.is_set() and signum == signal.SIGINT:
+            self._abort.set()  # second Ctrl-C: do not wait for the drain
+        self.stop.set()
+
+    def _outputs_gone(self) -> None:
+        """Every sink's reader left (``streamd run | head``): stop like a Unix tool (exit 0)."""
+        self.stop.set()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run to completion (every stream ended) or until signalled; returns the process exit code."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # embedders may run us in a thread
+            handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            previous = {s: signal.signal(s, self._on_signal) for s in handled}
+        metrics = None
+        try:
+            try:
+                metrics = self._build()
+            except StartupError as exc:
+                log.error("%s", exc)
+                return exc.code
+            code = self._serve()
+        finally:
+            self._shutdown(metrics)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self._finish(code)
+
+    def _build(self) -> MetricsServer | None:
+        """Metrics port and sinks first (a taken port or an unwritable file fails before any model loads)."""
+        cfg = self.config
+        metrics = None
+        if cfg.metrics.enabled:
+            try:
+                metrics = MetricsServer(
+                    cfg.metrics.host,
+                    cfg.metrics.port,
+                    self.snapshot,
+                    frame_snapshot=self.frame_snapshot,
+                    status_page=cfg.metrics.status_page,
+                    snapshots_per_s=cfg.metrics.snapshots_per_s,
+                    stream_down=cfg.metrics.stream_down,
+                )
+            except OSError as exc:
+                raise StartupError(
+                    f"metrics.port: cannot listen on {cfg.metrics.host}:{cfg.metrics.port} ({exc}); "
+                    "pick another port",
+                    EX_UNAVAILABLE,
+                ) from exc
+        sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self._outputs_gone)  # every reader left: stop
+        try:  # open outputs before any model loads: an unwritable file fails now, not after minutes
+            sink_set.start()
+        except (StartupError, OSError) as exc:
+            if metrics is not None:
+                metrics.close()
+            if isinstance(exc, StartupError):
+                raise
+            raise StartupError(f"sink: cannot open the output ({exc})", EX_CANTCREAT) from exc
+        self.sink_set, self.sinks = sink_set, sink_set.sinks
+        if metrics is not None:
+            metrics.start()
+        return metrics
+
+    def _serve(self) -> int:
+        """Start every worker, wait until all are ready (READY=1), then supervise until all are done."""
+        cfg = self.config
+        assert self.sink_set is not None  # _build opened it
+        self.pool.start(self.sink_set)
+        log.info("streamd: %d stream(s) over %d worker process(es)", len(cfg.streams), len(self.workers))
+        while True:
+            if self._abort.is_set():
+                for w in self.workers:
+                    self.pool.send(w, ("abort",))
+            fatal = next((w.error for w in self.workers if w.error is not None), None)
+            if (
+                fatal is not None and not self.pool.announced
+            ):  # the model or GPU does not work: all would fail
+                code, message = fatal
+                log.error("%s", message)
+                self.stop.set()
+                self.pool.stop_workers(abort=True)
+                return code
+            if (
+                not self.pool.announced
+                and all(w.ready or w.gave_up for w in self.workers)
+                and any(w.ready for w in self.workers)
+            ):
+                self.pool.go()
+                self.ready_at = time.perf_counter()
+                engine, decoder = self.pool.info.get("engine", "?"), self.pool.info.get("decoder", "?")
+                log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
+                control.write_outcome(0, True, "started")  # the baseline `streamd reload` waits past
+                systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
+            if self.stop.is_set():
+                for _, successor in self._switches:  # a model switch still building: not needed any more
+                    self.pool.send(successor, ("abort",))
+                self.pool.stop_workers(abort=self._abort.is_set())
+                if self.sink_set is not None and self.sink_set.all_gone:
+                    log.info("streamd: stopped: every output was closed by its reader")
+                elif self._abort.is_set():
+                    log.info("streamd: stopped by signal; frames in flight were not drained")
+                else:
+                    log.info("streamd: stopped by signal after draining frames in flight")
+                return 0
+            reloading = self._waiting or self._switches or self._leaving  # a reload is not through yet
+            finished = all(w.done or w.gave_up or (w.retired and not w.alive) for w in self.workers)
+            if finished and not reloading:
+                return 0
+            self.pool.check_workers()
+            for old, successor in list(self._switches):  # died, and the spare (new model) took its streams
+                if old not in self.workers:
+                    self.pool.send(successor, ("abort",))
+                    self._switches.remove((old, successor))
+            self.pool.keep_spare()
+            self._tick()
+            self.stop.wait(0.25)
+
+    def _shutdown(self, metrics: MetricsServer | None) -> None:
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        self.stop.set()
+        self.pool.stop_workers(abort=True, quiet=True)
+        if self.sink_set is not None:
+            try:
+                self.sink_set.close(timeout=10)
+            except Exception:
+                log.exception("closing the sinks failed")
+        if metrics is not None:
+            metrics.close()
+        if self.status_line:
+            self._print_status()
+            sys.stderr.write("\n")
+
+    def _finish(self, code: int) -> int:
+        if code != 0:
+            return code
+        logutil.flush_all()
+        self._log_summary()
+        failed = [sid for sid, s in self.snapshot()["per_stream"].items() if s["state"] == "failed"]
+        if failed:  # the others ran to the end; the exit status still says something was lost
+            log.error("streamd: stream(s) failed: %s (see the errors above)", ", ".join(failed))
+        broken = any(w.failed or w.gave_up for w in self.workers)
+        lost = self.sink_set.summary() if self.sink_set is not None else None
+        if lost:  # the exit status says output was lost (unless the config says those drops are fine)
+            log.error("streamd: %s", lost)
+        return EX_FAILURE if failed or broken or lost else 0
+
+    # -- reload (SIGHUP / systemctl reload; issue 10 item 4, by ops) ----------------------------------------
+    def _reload(self) -> None:
+        """Re-read the config file. Invalid: refused with `streamd check`'s messages; the running config
+        stays. Valid: sinks that changed are swapped (SinkSet.reconfigure); streams added or changed start in
+        a new worker; removed or changed ones leave with their worker, which drains first (a stream sharing
+        it moves to a new worker); the untouched streams never notice. A model or engine change switches
+        each worker to a successor (``_switch_model``); pipeline and metrics changes need a restart: logged,
+        not applied.
+
+        A stream id keeps its frame numbering and its counters for the whole run, whichever worker carries
+        it: a moved stream continues after its newest line written, and so does a changed one (same id: a
+        consumer keyed on stream and frame never sees an index twice, ``frame`` only increases), and its
+        counters go on from where they were (summed over every worker that carried it, ``status.snapshot``;
+        /metrics counters never go back). A removed stream's counts stay in the run's totals; if it is
+        added back, it continues too."""
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        ok, message = False, "reload failed; the running config stays"
+        try:
+            ok, message = self._apply_reload()
+        except Exception:  # a reload must never take the running streams down
+            log.exception("reload failed; the running config stays")
+        finally:
+            self._reloads += 1
+            control.write_outcome(self._reloads, ok, message)  # what `streamd reload` waits for
+            systemd.notify("READY=1", f"STATUS=running {len(self.config.streams)} stream(s)")
+
+    def _apply_reload(self) -> tuple[bool, str]:
+        """Returns (applied, one line saying what was applied or why the config was refused)."""
+        running = self.config
+        path = None if running.source == "<bundled demo>" else running.source
+        new, problems = reread(path, running)
+        if new is None:
+            log.error("reload refused (%d problem(s)); the running config stays:", len(problems))
+            for problem in problems:
+                log.error("  %s", problem)
+            return False, f"refused ({len(problems)} problem(s)): " + "; ".join(problems)
+        plan = plan_reload(running, new)
+        warnings: list[str] = []
+        if plan.sinks_changed and self.sink_set is not None:
+            try:
+                self.sink_set.reconfigure(new.sinks)
+            except StartupError as exc:
+                log.error("reload refused: %s; the running config stays", exc)
+                return False, f"refused: {exc}"
+            self.sinks = self.sink_set.sinks
+            warnings = list(self.sink_set.reload_warnings)
+        # What a reload applies: streams, sinks, model/engine/tracking; pipeline and metrics need a restart.
+        self.config = dataclasses.replace(
+            running,
+            streams=new.streams,
+            sinks=new.sinks,
+            model=new.model,
+            engine=new.engine,
+            tracking=new.tracking,
+        )
+        self._edit_streams(plan)
+        if plan.model_changed:
+            self._switch_model()
+        self._spawn_waiting()
+        log.info("reload: %s", plan.describe())
+        message = f"applied: {plan.describe()}"
+        if warnings:  # e.g. a new MQTT sink whose broker cannot be reached (it keeps trying)
+            message += " (" + "; ".join(warnings) + ")"
+        if plan.needs_restart:
+            what = ", ".join(plan.needs_restart)
+            log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
+            message += f" ({what} changed: needs a restart, kept the running one)"
+        return True, message
+
+    def _edit_streams(self, plan: ReloadPlan) -> None:
+        """Streams removed, changed or added by a reload, in place in the workers that carry them: only the
+        touched streams stop and start, every other stream goes on untouched. A worker left with no stream
+        drains and finishes; an added stream goes to the least loaded worker, or a new one when every worker
+        carries its share (``STREAMS_PER_WORKER``, GPU with ``pipeline.workers: auto``)."""
+        removed, changed = set(plan.removed), {s.id: s for s in plan.changed}
+        for w in self.workers:
+            if (w.retired and not any(old is w for old, _ in self._switches)) or w.done or w.gave_up:
+                continue
+            gone = [sid for sid in w.stream_ids if sid in removed]
+            edits = tuple(changed[sid] for sid in w.stream_ids if sid in changed)
+            if not gone and not edits:
+                continue
+            w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in removed)
+            for sid in gone:
+                self.pool.owner.pop(sid, None)
+                self._leaving[sid] = w  # the sinks hear of it once the worker has let it go
+            if w.retired:  # draining for a model switch: its successor adopts what is left, as configured now
+                continue
+            if not w.stream_ids:  # nothing left: it drains and finishes; every line it wrote stays
+                w.retired = True
+                self.pool.send(w, ("stop",))
+            elif w.alive:
+                self.pool.send(w, ("streams", gone, edits, {}))
+        for sc in plan.added:
+            target = self.pool.worker_for_new_stream()
+            if target is None:
+                self._waiting.append((sc.id,))
+                continue
+            target.stream_ids += (sc.id,)
+            self.pool.owner[sc.id] = target
+            if target.alive:
+                self.pool.send(target, ("streams", [], (sc,), self.pool.resume_for((sc.id,))))
+
+    def _stream_edits_done(self) -> None:
+        """A worker's answer to an in-place edit: removed streams leave the sinks (MQTT marks them offline);
+        streams it could not take (its streams had all ended) start in a new worker."""
+        for w in self.workers:
+            while w.edits:
+                removed, refused = w.edits.pop(0)
+                for sid in removed:
+                    if self._leaving.get(sid) is w:
+                        del self._leaving[sid]
+                        if self.sink_set is not None and sid not in self.pool.owner:
+                            self.sink_set.stream_removed(sid)
+                if refused:
+                    w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in refused)
+                    self._waiting.append(tuple(refused))
+
+    def _switch_model(self) -> None:
+        """A new model or engine: beside each running worker a successor builds the new engine (held, no
+        streams); once it is ready the running worker drains its last batches and finishes, then the
+        successor adopts its streams with their frame numbering continuing (``_spawn_waiting``)."""
+        for w in self.workers:
+            if w.retired or w.done or w.gave_up or not w.stream_ids:
+                continue
+            for old, succ in [x for x in self._switches if x[0] is w]:  # a newer model replaces a pending one
+                self.pool.send(succ, ("abort",))
+                self._switches.remove((old, succ))
+            successor = WorkerSlot(-1, (), w.device)
+            self.pool.spawn(successor, hold=True)
+            self._switches.append((w, successor))
+        self.pool.drop_spare()  # the spare holds the old model: build a new one later
+
+    def _advance_switches(self) -> None:
+        if self.stop.is_set():
+            return
+        for old, succ in list(self._switches):
+            if succ.error is not None or (succ.process is not None and not succ.alive and not succ.ready):
+                why = succ.error[1] if succ.error else "it died while building"
+                log.error(
+                    "reload: the new model could not start (%s); worker %d keeps the old one", why, old.index
+                )
+                self.pool.send(succ, ("abort",))
+                self._switches.remove((old, succ))
+                continue
+            if not succ.ready:
+                continue
+            if not old.retired:  # the new engine is built: the old worker finishes its batches in flight
+                old.retired = True
+                self.pool.send(old, ("stop",))
+                continue
+            reader_done = old.reader is None or not old.reader.is_alive()
+            if not (old.done or (not old.alive and reader_done)):
+                continue
+            self._switches.remove((old, succ))
+            self.pool.hand_over(old, succ)
+            log.info("reload: stream(s) %s switched to the new model", ", ".join(old.stream_ids))
+
+    def _spawn_waiting(self) -> None:
+        """Start the workers a reload asked for once no older worker still carries one of their streams
+        (frame numbers continue from the old worker's last line); tell the sinks about removed streams
+        once their worker's last line is out (MQTT marks them offline); move streams to workers that
+        built a new model."""
+        self._advance_switches()
+        self._stream_edits_done()
+        for sid, w in list(self._leaving.items()):
+            reader_done = w.reader is None or not w.reader.is_alive()
+            if w.done or (not w.alive and reader_done):
+                del self._leaving[sid]
+                if self.sink_set is not None and sid not in self.pool.owner:
+                    self.sink_set.stream_removed(sid)
+        for group in list(self._waiting):
+            busy = any(  # the old worker still runs, or its last lines are still on the way to the sinks
+                (w.alive and not w.done) or (w.reader is not None and w.reader.is_alive())
+                for w in self.workers
+                if w.retired and set(w.stream_ids) & set(group)
+            )
+            if busy or self.stop.is_set():
+                continue
+            self._waiting.remove(group)
+            self.pool.add_worker(group)
+
+    # -- status ----------------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Counters for the status line, the summary and /metrics (plain values, no pipeline objects); a
+        stream's counters cover every process that carried it (restarts, reload moves: never back)."""
+        owner = self.pool.owner  # each configured stream's slot, in config order (also the metrics thread)
+        streams = {sid: w for sid in self.config.stream_ids if (w := owner.get(sid)) is not None}
+        with self.pool.counters_lock:
+            return status.snapshot(
+                self.workers,
+                self.sinks,
+                owner=streams,
+                past=self.pool.past,
+                started=self._t0,
+                batch_size=self.config.pipeline.batch_size,
+                stall_s=self.STALL_S,
+                stale_after_s=self.config.metrics.stale_after_s,
+            )
+
+    def _tick(self) -> None:
+        """Four times a second on the main thread: progress, systemd watchdog and status, the status line."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.lines != w.last_results:
+                w.last_results, w.last_progress = w.lines, now
+        watchdog_due = self._watchdog_s and now - self._last_ping >= self._watchdog_s / 2
+        if watchdog_due and self.pool.announced and not status.stalled(self.workers, now, self.STALL_S):
+            systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
+            self._last_ping = now
+        if self._reopen.is_set() and self.pool.announced:  # a SIGHUP during start-up waits for READY
+            self._reopen.clear()
+            if self.sink_set is not None:
+                self.sink_set.reopen()
+            if not self.stop.is_set():
+                self._reload()
+        self._spawn_waiting()
+        if now - self._last_health >= 1.0 and self.sink_set is not None and self.pool.announced:
+            self._last_health = now  # MQTT's retained per-stream status follows each stream's health
+            self.sink_set.stream_health(self.snapshot()["per_stream"])
+        if now - self._last_status >= 5:
+            s = self.snapshot()
+            behind = s["overloaded"]
+            note = f", OVERLOADED: {len(behind)} stream(s) behind real time" if behind else ""
+            if waiting := status.count_state(s, "no_decoder"):
+                note += f", {waiting} stream(s) waiting for a GPU decoder"
+            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
+            self._last_status = now
+            if bool(behind) != self._overloaded:  # say it when it starts and when it ends, not every tick
+                self._overloaded = bool(behind)
+                if behind:
+                    log.warning(
+                        "streamd: overloaded: %d stream(s) behind real time (decoding under their frame rate "
+                        "or dropping), e.g. %s; fewer streams, lower resolution or detect_fps, or more GPUs",
+                        len(behind), ", ".join(behind[:5]),
+                    )  # fmt: skip
+                else:
+                    log.info("streamd: no longer overloaded")
+        if self.status_line:
+            self._print_status()
+
+    def _print_status(self) -> None:
+        status.print_status(self.snapshot())
+
+    def _log_summary(self) -> None:
+        status.log_summary(self.snapshot(), self.sinks, self.workers)

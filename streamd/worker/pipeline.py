@@ -1,0 +1,463 @@
+"""One worker's pipeline: its share of the streams -> ingest -> batcher -> slot ring -> engine -> JSON lines.
+
+``Pipeline`` is the whole data path of one worker process (``streamd.worker.process`` runs it and talks to
+the supervisor). Results leave as ``Record``s, one list per batch, each stream's frames in order; a record
+carries the frame index, pts and wall time next to the finished line, so the supervisor can resume a
+stream in another process where it stopped (``Resume``) without parsing JSON.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from streamd.analytics.stream import StreamAnalytics
+from streamd.config import Config, StreamConfig
+from streamd.exitcodes import EX_CONFIG, StartupError
+from streamd.ingest.decode import wait_closed
+from streamd.ingest.stream import StreamWorker
+from streamd.latency import LatencyHistograms
+from streamd.pipeline.batcher import Batcher, StreamQueue
+from streamd.pipeline.scheduler import Scheduler
+from streamd.sinks.record import to_json_line
+from streamd.stages.contract import Stages
+from streamd.stages.cpu import CpuStages
+from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, resolve_layout
+from streamd.stages.preprocess.cpu import PreprocessSpec
+from streamd.types import FrameResult
+from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
+
+log = logging.getLogger(__name__)
+Totals = dict[str, tuple[int, int, int, bool]]  # per stream at a mark: results, decoded, dropped, running?
+# A stream's StreamStats counters a worker reports (supervisor.pool.COUNTERS adds inferred and dropped).
+STREAM_COUNTERS = ("decoded", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
+
+
+class Record(NamedTuple):
+    """One finished frame as it travels to the supervisor."""
+
+    stream_id: str
+    frame: int
+    pts: float | None
+    wall_time: float
+    line: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a restarted worker's stream continues: next frame index, last pts and its wall time."""
+
+    index: int
+    pts: float | None
+    wall_time: float
+
+
+def build_stages(config: Config, device: int | None = None) -> Stages:
+    """Engine + the stage implementation that fits it (CUDA stages for a GPU engine, CPU twins otherwise).
+
+    Raises StartupError: EX_CONFIG when the model does not fit the config, EX_UNAVAILABLE when the engine or
+    the GPU cannot be brought up."""
+    from streamd.checks.verify import VerifyPlan, create_engine  # engines load heavy libraries: on use only
+    from streamd.config.engine import backend_options
+    from streamd.engines import EngineError
+
+    m, e = config.model, config.engine
+    device = e.device if device is None else device
+    try:
+        engine = create_engine(
+            e.type,
+            m.path,
+            max_batch=e.max_batch,
+            precision=e.precision,
+            threads=e.threads,
+            device=device,
+            verify=VerifyPlan.from_config(config),
+            **backend_options(e),
+        )
+    except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable
+        raise StartupError(str(exc), exc.code) from exc
+    try:
+        c, h, w = engine.input_shape
+        if (w, h) != tuple(m.input_size) or c != 3:
+            raise StartupError(
+                f"model.input_size is {list(m.input_size)} (width, height) but the model takes "
+                f"[{c}, {h}, {w}] (C, H, W); set model.input_size: [{w}, {h}]",
+                EX_CONFIG,
+            )
+        try:
+            layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
+        except ValueError as exc:
+            raise StartupError(str(exc), EX_CONFIG) from exc
+        pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
+        post = PostprocessSpec(
+            layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k,
+            thresholds=ClassThresholds.from_config(config),
+        )  # fmt: skip
+        if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
+            from streamd.stages.cuda import GpuStages
+
+            return GpuStages(engine, pre, post, device=device, warm_batch=config.pipeline.batch_size)
+        return CpuStages(engine, pre, post)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def choose_decoder(requested: str, gpu_engine: bool) -> str:
+    """``auto``: NVDEC when inference runs on the GPU (frames then never leave the device) and PyNvVideoCodec
+    is installed; otherwise the CPU decoder."""
+    if requested == "nvdec" and not gpu_engine:
+        raise StartupError(
+            "pipeline.decoder: nvdec keeps frames on the GPU, but the engine runs on the CPU; "
+            "use decoder: cpu (or auto), or a GPU engine (engine.type: torch or tensorrt)",
+            EX_CONFIG,
+        )
+    if requested != "auto":
+        return requested
+    return "nvdec" if gpu_engine and importlib.util.find_spec("PyNvVideoCodec") is not None else "cpu"
+
+
+class _StopAll(threading.Event):
+    """The pipeline's stop event; setting it also stops every stream. Each stream reads its own event, so a
+    reload can stop one stream while the others go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._streams: list[threading.Event] = []
+
+    def set(self) -> None:
+        super().set()
+        for event in list(self._streams):
+            event.set()
+
+    def stream_event(self) -> threading.Event:
+        event = threading.Event()
+        if self.is_set():
+            event.set()
+        self._streams.append(event)
+        return event
+
+    def forget(self, event: threading.Event) -> None:
+        if event in self._streams:
+            self._streams.remove(event)
+
+
+class Pipeline:
+    """The data path for ``streams``: build (engine, stages), start, results via ``emit``, stop, close.
+
+    ``emit`` gets the records of one batch at a time, in batch order, each stream's frames in order."""
+
+    def __init__(
+        self,
+        config: Config,
+        streams: Sequence[StreamConfig],
+        emit: Callable[[list[Record]], None],
+        *,
+        device: int | None = None,
+        resume: dict[str, Resume] | None = None,
+    ) -> None:
+        self.config = config
+        self.streams = tuple(streams)
+        self.device = config.engine.device if device is None else device
+        self._emit = emit
+        self._resume = resume or {}
+        self.stop = _StopAll()  # stop reading, drain what is in flight
+        self.stages: Stages | None = None
+        self.scheduler: Scheduler | None = None
+        self.batcher: Batcher | None = None
+        self.workers: list[StreamWorker] = []
+        self.decoder = ""
+        self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
+        self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
+        # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked (ops).
+        self.latest = LatestFrames(config.model.class_names)
+        # Rates over the last completed window of >= 2 s: results and decoded fps, and whether a live stream
+        # is behind real time (decoding slower than its frame rate, or dropping): the box is overloaded.
+        self._mark: tuple[float, Totals] = (time.monotonic(), {})
+        self._rates: dict[str, tuple[float, float, bool]] = {}
+        self.results = 0
+        self._started = False
+        # Counters of stream incarnations a reload replaced or removed (per stream id): a stream's counters
+        # never go back, whichever StreamWorker carries it.
+        self._carried: dict[str, dict[str, int]] = {}
+        self._queues: dict[StreamWorker, StreamQueue] = {}  # each stream thread's queue in the batcher
+        self._edit_lock = threading.Lock()  # one reconfiguration at a time; start() waits for it
+
+    def build(self) -> None:
+        """Load the engine and set up the stages; raises StartupError (nothing left open) on failure."""
+        cfg = self.config
+        self.stages = build_stages(cfg, self.device)
+        try:
+            self.decoder = choose_decoder(cfg.pipeline.decoder, self.stages.engine.on_device)
+        except StartupError:
+            self.stages.close()
+            self.stages = None
+            raise
+        self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
+        self._add_streams()
+        self.scheduler = Scheduler(self.batcher, self.stages, self._on_results, cfg.pipeline.ring_slots)
+
+    def adopt(self, streams: Sequence[StreamConfig], resume: dict[str, Resume]) -> None:
+        """A spare worker (built, no streams) takes over the streams of a worker that died; before start()."""
+        assert not self._started, "adopt() before start()"
+        self.streams, self._resume = tuple(streams), dict(resume)
+        self.latency = {s.id: LatencyHistograms() for s in self.streams}
+        self._add_streams()
+
+    def _add_streams(self) -> None:
+        if self.decoder == "nvdec":
+            self.latest = LatestFrames(self.config.model.class_names, to_host=nv12_surface_to_bgr)
+        for sc in self.streams:
+            self.workers.append(self._stream_worker(sc, self._resume.get(sc.id)))
+
+    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamWorker:
+        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook."""
+        cfg, batcher = self.config, self.batcher
+        assert batcher is not None
+        options: dict[str, int] = {}
+        if self.decoder == "nvdec":
+            # A stream's decoded surfaces are held by its queue, by the batch being filled and by one full
+            # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
+            options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
+        policy = "latest" if sc.is_live or sc.realtime else "block"
+        q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
+        worker = StreamWorker(
+            sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
+        )
+        self._queues[worker] = q
+        # detect_fps, zones, tracking, events; none where the stream uses none of them
+        hook = StreamAnalytics(sc, cfg.model.class_names)
+        if hook.active:
+            self.analytics[sc.id] = hook
+            worker.analytics = hook  # detect_fps skips; predicted lines of skipped frames
+            worker.on_lines = functools.partial(self._hook_lines, stream_id=sc.id)
+        else:
+            self.analytics.pop(sc.id, None)
+        if resume is not None:
+            worker.resume_at(resume.index, resume.pts, resume.wall_time)
+        if self.decoder == "nvdec":  # the status page: one surface copied to the host per request (ops)
+            worker.on_frame = self.latest.capture
+        self.latency.setdefault(sc.id, LatencyHistograms())
+        return worker
+
+    def reconfigure(
+        self, remove: Sequence[str], upsert: Sequence[StreamConfig], resume: dict[str, Resume] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """A reload, in place: streams in ``remove`` stop; each of ``upsert`` starts, or replaces the running
+        stream of its id (its frame numbering and timeline continue; a stream new to this process continues
+        from ``resume``, where it stopped in the run). The other streams never pause: only
+        the touched streams' threads stop and start. Returns (removed ids, refused ids): refused when the
+        pipeline has already finished (every stream ended), so the supervisor starts them elsewhere."""
+        with self._edit_lock:
+            if self._started and self.scheduler is not None and self.scheduler.join(0):
+                return [], [s.id for s in upsert]
+            touched = set(remove) | {s.id for s in upsert}
+            leaving = [w for w in self.workers if w.cfg.id in touched]
+            for w in leaving:  # stop the touched streams; their queued frames still go through
+                w.stop.set()
+            positions: dict[str, Resume] = {}
+            for w in leaving:
+                w.join(timeout=10)
+                self.stop.forget(w.stop)
+                self._retire_counters(w)
+                self.workers.remove(w)
+                if w._index:  # where its successor continues: frame numbering and timeline
+                    wall = time.time() - max(0.0, time.monotonic() - w._last_frame_time)
+                    positions[w.cfg.id] = Resume(w._index, w._last_out, wall)
+            # The successors' queues join the batcher before the old ones are gone: a worker whose only
+            # stream changes must not read as finished in between.
+            arriving = [
+                self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
+            ]
+            for w in leaving:
+                q = self._queues.pop(w)
+                self._wait_drained(q)
+                assert self.batcher is not None
+                self.batcher.discard(q)
+                self._finish_analytics(w)
+            self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
+            for worker in arriving:
+                self.workers.append(worker)
+                if self._started:
+                    worker.start()
+            return [w.cfg.id for w in leaving if w.cfg.id in set(remove)], []
+
+    def _wait_drained(self, q: Any, timeout: float = 10.0) -> None:
+        """Until the batcher has taken every frame of a stopped stream's queue: its successor's frames then
+        come in later batches, so a stream's lines stay in frame order."""
+        deadline = time.monotonic() + timeout
+        while len(q) and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(0.005)
+
+    def _retire_counters(self, w: StreamWorker) -> None:
+        carried = self._carried.setdefault(w.cfg.id, dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0))
+        for key in STREAM_COUNTERS:
+            carried[key] += getattr(w.stats, key)
+        carried["dropped"] += self._queues[w].dropped
+
+    def _finish_analytics(self, w: StreamWorker) -> None:
+        """A stopped stream's tracks leave their zones (also when a changed stream's successor has its own
+        hook by now)."""
+        hook = w.analytics
+        if self.analytics.get(w.cfg.id) is hook:  # removed; a replaced id already maps to its new hook
+            del self.analytics[w.cfg.id]
+        if hook is not None:
+            with hook.lock:
+                if lines := hook.finish():
+                    self._hook_lines(lines, w.cfg.id)
+
+    def _on_results(self, results: list[FrameResult]) -> None:
+        """One batch: plain streams go out as one message; a stream with analytics sends its lines under its
+        hook's lock, so they stay in order with the lines its ingest thread writes for skipped frames."""
+        names = self.config.model.class_names
+        records = []
+        for r in results:
+            f = r.frame
+            self.latency[f.stream_id].observe(r.latency_ms)
+            self.latest.update(r)
+            hook = self.analytics.get(f.stream_id)
+            if hook is None:
+                records.append(Record(f.stream_id, f.index, f.pts, f.wall_time, to_json_line(r, names)))
+                continue
+            with hook.lock:
+                lines = hook.on_result(r)
+                if lines:
+                    self._emit([Record(f.stream_id, f.index, f.pts, f.wall_time, line) for line in lines])
+        self.results += len(results)
+        if records:
+            self._emit(records)
+
+    def _hook_lines(self, lines: list[str], stream_id: str) -> None:
+        """Lines analytics writes outside a result (predicted boxes of skipped frames, held events)."""
+        worker = next((w for w in reversed(self.workers) if w.cfg.id == stream_id), None)
+        r = self._resume.get(stream_id)
+        index = worker._index - 1 if worker is not None else (r.index if r else 0)
+        self._emit([Record(stream_id, index, None, time.time(), line) for line in lines])
+
+    def start(self) -> None:
+        assert self.scheduler is not None, "build() first"
+        with self._edit_lock:
+            self._started = True
+            self.scheduler.start()
+            for w in self.workers:
+                w.start()
+
+    def abort(self) -> None:
+        self.stop.set()
+        if self.scheduler is not None:
+            self.scheduler.abort.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """True when every frame has gone through (all streams ended, or stopped and drained)."""
+        return self.scheduler is None or not self._started or self.scheduler.join(timeout)
+
+    def close(self) -> None:
+        """Stop inputs, drain the pipeline (bounded), release the engine. Never raises."""
+        self.stop.set()
+        try:
+            for w in self.workers:
+                w.join(timeout=5)
+            wait_closed(10.0)  # decoders the streams handed to the closer go before the engine's context
+            if self.scheduler is not None and self._started and not self.scheduler.join(timeout=10):
+                self.scheduler.abort.set()
+                self.scheduler.join(timeout=5)
+            for sid, hook in self.analytics.items():  # lines held after the last result
+                with hook.lock:
+                    if lines := hook.finish():
+                        self._hook_lines(lines, sid)
+        finally:  # stage threads still running may use the buffers: then leak them rather than free them
+            idle = not self._started or self.scheduler is None or self.scheduler.join(0)
+            if self.stages is not None and idle:
+                try:
+                    self.stages.close()
+                except Exception:  # cleanup must not hide the real outcome
+                    log.exception("closing the engine failed")
+                self.stages = None
+
+    @property
+    def failed(self) -> bool:
+        """A stage failed or a stream gave up."""
+        error = self.scheduler is not None and self.scheduler.error is not None
+        return error or any(w.stats.state == "failed" for w in self.workers)
+
+    @staticmethod
+    def _window_rates(
+        workers: Sequence[StreamWorker], before: Totals, totals: Totals, dt: float
+    ) -> dict[str, tuple[float, float, bool]]:
+        """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or
+        a file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window
+        it ran all through (one that began mid-window, e.g. at a busy start, has not fallen behind)."""
+        rates = {}
+        for w in workers:
+            sid = w.cfg.id
+            if sid not in before or sid not in totals:
+                continue
+            (r0, d0, x0, ran), (r1, d1, x1, _) = before[sid], totals[sid]
+            fps, decode_fps = (r1 - r0) / dt, (d1 - d0) / dt
+            live = w.cfg.is_live or w.cfg.realtime
+            nominal = w.nominal_fps
+            slow = nominal > 0 and decode_fps < 0.9 * nominal
+            behind = live and w.stats.state == "running" and ((ran and slow) or x1 > x0)
+            rates[sid] = (fps, decode_fps, behind)
+        return rates
+
+    def stats(self) -> dict[str, Any]:
+        """Plain counters: per stream, plus the pipeline's own (read from another thread; values may be a
+        tick apart, never inconsistent in type)."""
+        workers = list(self.workers)  # a reload may edit the list meanwhile
+        per_stream: dict[str, dict[str, Any]] = {}
+        now = time.monotonic()
+        mark, before = self._mark
+        none = dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0)
+        counts = {}
+        for w in workers:
+            carried = self._carried.get(w.cfg.id, none)
+            c = {k: getattr(w.stats, k) + carried[k] for k in STREAM_COUNTERS}
+            q = self._queues.get(w)  # gone: a reload retired it since the list was taken (counts carried)
+            c["dropped"] = (q.dropped if q is not None else 0) + carried["dropped"]
+            counts[w.cfg.id] = c
+        totals = {
+            sid: (self.latency[sid].results, c["decoded"], c["dropped"], w.stats.state == "running")
+            for w in workers
+            for sid, c in ((w.cfg.id, counts[w.cfg.id]),)
+        }
+        if now - mark >= 2.0:
+            self._mark, self._rates = (now, totals), self._window_rates(workers, before, totals, now - mark)
+        for w in workers:
+            s = w.stats
+            sid = w.cfg.id
+            fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
+            per_stream[sid] = {
+                "state": s.state,
+                **counts[sid],
+                "inferred": totals[sid][0],
+                "fps": round(fps, 2),
+                "decode_fps": round(decode_fps, 2),
+                "behind": behind,
+                "latency": self.latency[sid].to_dict(),
+                "decoder": s.decoder,
+                "last_error": s.last_error,
+                "last_packet_age_s": s.last_packet_age_s,
+                "nominal_fps": w.nominal_fps,
+            }
+        for sid, carried in list(self._carried.items()):  # removed by a reload: its counts stay counted
+            if sid not in per_stream:
+                per_stream[sid] = {"state": "removed", **carried, "inferred": self.latency[sid].results}
+                per_stream[sid]["latency"] = self.latency[sid].to_dict()
+        sched = self.scheduler
+        return {
+            "results": self.results,
+            "behind": sorted(sid for sid, st in per_stream.items() if st.get("behind")),
+            "batches": sched.batches if sched else 0,
+            "frames": sched.frames if sched else 0,
+            "batch_size": self.config.pipeline.batch_size,
+            "early_batches": self.batcher.early if self.batcher else 0,
+            "error": repr(sched.error) if sched and sched.error else None,
+            "per_stream": per_stream,
+        }
