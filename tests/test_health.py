@@ -1,4 +1,4 @@
-"""Issue 24 point 4, "health tells the truth": a camera refused, stalled or hung, or a worker that went
+"""Health tells the truth: a camera refused, stalled or hung, or a worker that went
 silent, shows in ``/healthz`` (``degraded`` naming the stream and why; 503 with ``metrics.stream_down:
 unhealthy``, when every stream is down or the pipeline is wedged), in ``/metrics`` (``streamd_stream_up``,
 ``streamd_stream_health``) and in the MQTT per-stream status; ``/metrics`` keeps no series of workers that no
@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamd.config import load_config
 from streamd.config.errors import ConfigError
+from streamd.protocol import StreamReport, WorkerStats
 from streamd.supervisor import status
 from streamd.supervisor.lifecycle import Supervisor
 from streamd.supervisor.metrics import health, render
@@ -45,17 +46,19 @@ class _Proc:
         return self.alive
 
 
-def _slot(index: int, ids: tuple[str, ...], per_stream: dict, **kw) -> WorkerSlot:
+def _slot(index: int, ids: tuple[str, ...], per_stream: dict[str, dict], **kw) -> WorkerSlot:
+    """A worker slot whose process last reported ``per_stream`` (``StreamReport`` fields by name)."""
     w = WorkerSlot(index, ids, 0, process=_Proc(kw.pop("alive", True)), ready=True, **kw)
     w.last_progress = time.monotonic()  # results keep coming: the pipeline is not wedged
-    w.stats = {"results": 5, "batches": 2, "frames": 4, "per_stream": per_stream}
+    reports = {sid: StreamReport(**s) for sid, s in per_stream.items()}
+    w.stats = WorkerStats(results=5, batches=2, frames=4, per_stream=reports)
     return w
 
 
 def _snap(workers: list[WorkerSlot], **kw) -> dict:
     owner = {sid: w for w in workers if not w.retired for sid in w.stream_ids}
     return status.snapshot(
-        workers, [], owner=owner, started=time.monotonic() - 10, batch_size=4, stall_s=30, **kw
+        workers, [], owner=owner, started=time.monotonic() - 10, batch_size=4, stalled=False, **kw
     )
 
 
@@ -276,7 +279,7 @@ def test_refused_camera_is_degraded_503_when_strict_mqtt_and_metrics_follow(
             assert not processes & {f"worker-{g}" for g in gone}, processes
             # A reload removes door: its series end and health is ok again, under both policies.
             _write(cfg, port, mosquitto.port, dead_broker, camera, with_door=False)
-            sup._reopen.set()  # what SIGHUP does
+            sup.request_reload()  # what SIGHUP does
             poll(lambda: "door" not in healthz()[1]["streams"], "door removed")
             code, info = poll(lambda: (r := healthz())[1]["status"] == "ok" and r, "ok after the reload", 60)
             assert code == 200 and get(f"{strict_base}/healthz")[0] == 200

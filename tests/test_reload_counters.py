@@ -19,10 +19,12 @@ from collections import Counter
 import pytest
 
 from streamd.config import load_config
+from streamd.latency import StageHistogram
+from streamd.protocol import COUNTER_NAMES, StreamCounters, StreamReport, WorkerStats
 from streamd.supervisor.lifecycle import Supervisor
 from streamd.supervisor.metrics import COUNTERS as METRIC_COUNTERS
 from streamd.supervisor.metrics import render
-from streamd.supervisor.pool import COUNTERS, WorkerSlot
+from streamd.supervisor.pool import WorkerSlot
 from tests.conftest import CLIP_HEVC, MODEL, ROOT
 from tests.test_reference_detections import NANODET_MODEL
 from tests.test_supervisor import _lines
@@ -73,7 +75,7 @@ def test_a_reload_that_changes_streams_in_place_keeps_their_counters(tmp_path, a
         snap = sup.snapshot()
         prev = seen[-1] if seen else None
         for sid, s in snap["per_stream"].items():
-            for key in COUNTERS:
+            for key in COUNTER_NAMES:
                 old, worker = last.get((sid, key), (0, s["worker"]))
                 if s[key] < old:
                     back.append(f"{sid}.{key}: {old} -> {s[key]} (worker {worker} -> {s['worker']})")
@@ -112,12 +114,12 @@ def test_a_reload_that_changes_streams_in_place_keeps_their_counters(tmp_path, a
                 "the first results",
             )
             _write(cfg, out, b_fps=2, with_c=False)
-            sup._reopen.set()  # what SIGHUP does
+            sup.request_reload()  # what SIGHUP does
             moved = wait(  # the same worker: b runs with its new settings, c is gone
                 lambda s: (
                     sup.workers[0].stream_ids == ("a", "b")
                     and len(sup.workers) == 1
-                    and "c" not in sup._leaving
+                    and not sup.reload_in_progress
                     and counted(s, "b") >= counted(before, "b") + 10
                     and counted(s, "a") >= counted(before, "a") + 10
                 ),
@@ -153,22 +155,24 @@ def test_a_reload_that_changes_streams_in_place_keeps_their_counters(tmp_path, a
     assert all(f"streamd_stream_{k}_total" in str(exported) for k in METRIC_COUNTERS)
 
 
-def _stats(**decoded: int) -> dict:
+def _stats(**decoded: int) -> WorkerStats:
     """A worker's stats message: per stream ``decoded`` = ``inferred`` = n, one latency sample per frame."""
-    hist = {"total": {"counts": [0, 1, *[0] * 12], "sum": 2.0, "count": 1}}
     per_stream = {
-        sid: {"state": "running", "decoded": n, "inferred": n, "skipped": 1,
-              "latency": {k: {**h, "counts": [c * n for c in h["counts"]], "sum": h["sum"] * n,
-                              "count": n} for k, h in hist.items()}}
+        sid: StreamReport(
+            "running",
+            StreamCounters(decoded=n, inferred=n, skipped=1),
+            {"total": StageHistogram((0, n, *[0] * 12), 2.0 * n, n)},
+        )
         for sid, n in decoded.items()
-    }  # fmt: skip
-    return {"results": sum(decoded.values()), "per_stream": per_stream}
+    }
+    return WorkerStats(results=sum(decoded.values()), per_stream=per_stream)
 
 
 def test_counters_sum_every_process_that_carried_a_stream() -> None:
     """No processes: the bookkeeping alone. A crash folds the dead process's counters into its slot
-    (``_retire``) and the spare takes them along; a reload that moves a stream leaves the retired slot's last
-    stats in the sum; a removed stream stays in the totals; latency histograms add up the same way."""
+    (``end_incarnation``) and the spare takes them along; a reload that moves a stream leaves the retired
+    slot's last stats in the sum; a removed stream stays in the totals; latency histograms add up the same
+    way."""
     from streamd.config import parse_config
 
     raw = {"streams": [{"id": sid, "url": str(CLIP_HEVC)} for sid in "abc"], "model": {"path": str(MODEL)},
@@ -177,11 +181,11 @@ def test_counters_sum_every_process_that_carried_a_stream() -> None:
     pool = sup.pool
     w0, w1 = pool.workers  # (a, c), (b,)
     w0.stats, w1.stats = _stats(a=10, c=4), _stats(b=7)
-    pool._retire(w0)  # worker 0 died: its counters go to its base
+    pool.end_incarnation(w0)  # worker 0 died: its counters go to its base
     spare = WorkerSlot(-1, (), w0.device)
     spare.ready, spare.process = True, type("P", (), {"is_alive": lambda self: True, "pid": 0})()
     pool.spares[w0.device] = spare
-    assert pool._adopt(w0) and pool.workers[0] is spare  # the spare took a and c, and their counters
+    assert pool.move_to_spare(w0) and pool.workers[0] is spare  # the spare took a and c, and their counters
     spare.stats = _stats(a=5, c=1)
     snap = sup.snapshot()
     assert [snap["per_stream"][sid]["decoded"] for sid in "abc"] == [15, 7, 5]

@@ -27,6 +27,7 @@ CUDA_ERRORS = "streamd.gpu.cuda"
 LAYERS: list[set[str]] = [
     {"types", "exitcodes", "resources", "logutil", "latency", "systemd", "geometry"},
     {"config"},
+    {"protocol"},  # the supervisor <-> worker messages: below both processes' packages
     {"gpu"},  # the low CUDA layer: context, streams, buffers, driver calls, kernel loader, graph cache
     {"engines"},
     {"stages"},  # preprocess / postprocess (spec, CPU twin, CUDA side by side) and the stage contract

@@ -18,6 +18,7 @@ from collections import defaultdict
 import pytest
 
 from streamd.config import parse_config
+from streamd.protocol import StartFailed
 from streamd.supervisor.lifecycle import plan_workers
 from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
 from tests.test_reference_detections import NANODET_MODEL
@@ -69,18 +70,19 @@ def test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own() -> None:
     assert len(spawned) == 2  # both built: nothing more
     w0, w1 = pool.workers
     on_gpu1 = sup.spares[1]
-    assert pool._adopt(w1) and pool.workers[1] is on_gpu1 and on_gpu1.stream_ids == ("s1", "s3")
+    assert pool.move_to_spare(w1) and pool.workers[1] is on_gpu1 and on_gpu1.stream_ids == ("s1", "s3")
     assert sorted(sup.spares) == [0]  # GPU 1's spare is used; GPU 0's waits for a worker there
-    assert not pool._adopt(WorkerSlot(5, ("x",), 1))  # none left on GPU 1: the caller restarts it there
-    assert pool._adopt(w0) and pool.workers[0].device == 0 and sup.spares == {}
+    assert not pool.move_to_spare(WorkerSlot(5, ("x",), 1))  # none left on GPU 1: restarted there instead
+    assert pool.move_to_spare(w0) and pool.workers[0].device == 0 and sup.spares == {}
     # A spare that cannot start on a GPU (e.g. out of memory there) is not tried again on it; a worker a
     # reload adds on another GPU gets one there.
     spawned.clear()
-    pool._spare_at.clear()
+    time.sleep(1.05)  # a used spare is replaced a second later
     pool.keep_spare()
     assert sorted(w.device for w in spawned) == [0, 1]
     failed = sup.spares[0]
-    failed.error, failed.process = (1, "CUDA out of memory"), type("P", (), {"is_alive": lambda _: False})()
+    failed.error = StartFailed(1, "CUDA out of memory")
+    failed.process = type("P", (), {"is_alive": lambda _: False})()
     pool.workers.append(WorkerSlot(2, ("s9",), 2))
     spawned.clear()
     pool.keep_spare()
@@ -278,7 +280,7 @@ def test_a_stream_that_starts_mid_window_is_not_behind() -> None:
     hundreds do while their decoders are created at start-up) decoded less for that reason alone."""
     from types import SimpleNamespace
 
-    from streamd.worker.pipeline import Pipeline
+    from streamd.worker.pipeline import window_rates
 
     def stream(sid: str, live: bool = True) -> SimpleNamespace:
         cfg = SimpleNamespace(id=sid, is_live=live, realtime=False)
@@ -289,7 +291,7 @@ def test_a_stream_that_starts_mid_window_is_not_behind() -> None:
     before["file"] = (0, 0, 0, True)
     after = {"a": (20, 20, 0, True), "b": (20, 20, 0, True), "c": (60, 60, 0, True), "d": (20, 20, 3, True)}
     after["file"] = (20, 20, 0, True)
-    rates = Pipeline._window_rates(workers, before, after, 2.0)  # type: ignore[arg-type]
+    rates = window_rates(workers, before, after, 2.0)  # type: ignore[arg-type]
     assert {sid: r[2] for sid, r in rates.items()} == {
         "a": False,  # 10 fps, but it started in this window
         "b": True,  # 10 fps all through the window

@@ -31,11 +31,13 @@ from types import FrameType
 from streamd import logutil, systemd
 from streamd.config import Config
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
+from streamd.protocol import Abort
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 from streamd.supervisor import control, status
+from streamd.supervisor.moves import StreamMoves
 from streamd.supervisor.pool import WorkerPool, WorkerSlot, plan_workers
-from streamd.supervisor.reload import ReloadPlan, plan_reload, reread
+from streamd.supervisor.reload import plan_reload, reread
 from streamd.supervisor.server import MetricsServer
 
 __all__ = ["Supervisor", "plan_workers"]
@@ -44,8 +46,6 @@ log = logging.getLogger("streamd.supervisor")
 
 
 class Supervisor:
-    STALL_S = 30.0  # no result for this long while streams run = stalled (health 503, watchdog withheld)
-
     def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
         self.status_line = sys.stderr.isatty() if status_line is None else status_line
         self.stop = threading.Event()  # SIGINT/SIGTERM: stop reading, drain, exit
@@ -55,9 +55,7 @@ class Supervisor:
         self.sinks: list[LineSink] = []
         self.sink_set: SinkSet | None = None
         self._reopen = threading.Event()  # SIGHUP: reopen sink files (logrotate), then reload the config
-        self._waiting: list[tuple[str, ...]] = []  # reload: stream groups whose old worker still drains
-        self._leaving: dict[str, WorkerSlot] = {}  # reload: removed streams whose worker still drains
-        self._switches: list[tuple[WorkerSlot, WorkerSlot]] = []  # reload, new model: (running, successor)
+        self._moves = StreamMoves(self.pool, self.stop)  # what reloads change in the running workers
         self.ready_at = 0.0  # perf_counter: every worker ready
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
@@ -94,10 +92,20 @@ class Supervisor:
         """The status page's JPEG of a stream's latest frame, asked of the worker that carries the stream."""
         return self.pool.frame_snapshot(stream_id, timeout)
 
+    def request_reload(self) -> None:
+        """What SIGHUP does: reopen the sink files, then reload the config (on the main loop, once every
+        worker is ready)."""
+        self._reopen.set()
+
+    @property
+    def reload_in_progress(self) -> bool:
+        """A reload is not through yet: streams wait for a worker, leave one, or switch to a new model."""
+        return self._moves.in_progress
+
     # -- signals ---------------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
-            self._reopen.set()
+            self.request_reload()
             return
         if self.stop.is_set() and signum == signal.SIGINT:
             self._abort.set()  # second Ctrl-C: do not wait for the drain
@@ -165,57 +173,57 @@ class Supervisor:
 
     def _serve(self) -> int:
         """Start every worker, wait until all are ready (READY=1), then supervise until all are done."""
-        cfg = self.config
         assert self.sink_set is not None  # _build opened it
         self.pool.start(self.sink_set)
-        log.info("streamd: %d stream(s) over %d worker process(es)", len(cfg.streams), len(self.workers))
+        streams, workers = len(self.config.streams), len(self.workers)
+        log.info("streamd: %d stream(s) over %d worker process(es)", streams, workers)
         while True:
             if self._abort.is_set():
                 for w in self.workers:
-                    self.pool.send(w, ("abort",))
+                    self.pool.send(w, Abort())
             fatal = next((w.error for w in self.workers if w.error is not None), None)
-            if (
-                fatal is not None and not self.pool.announced
-            ):  # the model or GPU does not work: all would fail
-                code, message = fatal
-                log.error("%s", message)
+            if fatal is not None and not self.pool.announced:  # the model or GPU fails: every worker would
+                log.error("%s", fatal.message)
                 self.stop.set()
                 self.pool.stop_workers(abort=True)
-                return code
-            if (
-                not self.pool.announced
-                and all(w.ready or w.gave_up for w in self.workers)
-                and any(w.ready for w in self.workers)
-            ):
-                self.pool.go()
-                self.ready_at = time.perf_counter()
-                engine, decoder = self.pool.info.get("engine", "?"), self.pool.info.get("decoder", "?")
-                log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
-                control.write_outcome(0, True, "started")  # the baseline `streamd reload` waits past
-                systemd.notify("READY=1", f"STATUS=running {len(cfg.streams)} stream(s)")
+                return fatal.code
+            self._announce_when_ready()
             if self.stop.is_set():
-                for _, successor in self._switches:  # a model switch still building: not needed any more
-                    self.pool.send(successor, ("abort",))
-                self.pool.stop_workers(abort=self._abort.is_set())
-                if self.sink_set is not None and self.sink_set.all_gone:
-                    log.info("streamd: stopped: every output was closed by its reader")
-                elif self._abort.is_set():
-                    log.info("streamd: stopped by signal; frames in flight were not drained")
-                else:
-                    log.info("streamd: stopped by signal after draining frames in flight")
-                return 0
-            reloading = self._waiting or self._switches or self._leaving  # a reload is not through yet
+                return self._stop_all()
             finished = all(w.done or w.gave_up or (w.retired and not w.alive) for w in self.workers)
-            if finished and not reloading:
+            if finished and not self.reload_in_progress:
                 return 0
             self.pool.check_workers()
-            for old, successor in list(self._switches):  # died, and the spare (new model) took its streams
-                if old not in self.workers:
-                    self.pool.send(successor, ("abort",))
-                    self._switches.remove((old, successor))
+            self._moves.drop_orphaned_switches()
             self.pool.keep_spare()
             self._tick()
             self.stop.wait(0.25)
+
+    def _announce_when_ready(self) -> None:
+        """Once every worker is built (or given up, with one ready): their streams start together, READY=1."""
+        if self.pool.announced or not any(w.ready for w in self.workers):
+            return
+        if not all(w.ready or w.gave_up for w in self.workers):
+            return
+        self.pool.go()
+        self.ready_at = time.perf_counter()
+        info = self.pool.info
+        engine, decoder = (info.engine, info.decoder) if info is not None else ("?", "?")
+        log.info("streamd: ready: engine %s, decoder %s", engine, decoder)
+        control.write_outcome(0, True, "started")  # the baseline `streamd reload` waits past
+        systemd.notify("READY=1", f"STATUS=running {len(self.config.streams)} stream(s)")
+
+    def _stop_all(self) -> int:
+        """Signalled (or every output gone): the workers drain (unless aborted) and finish; exit 0."""
+        self._moves.abort_switches()
+        self.pool.stop_workers(abort=self._abort.is_set())
+        if self.sink_set is not None and self.sink_set.all_gone:
+            log.info("streamd: stopped: every output was closed by its reader")
+        elif self._abort.is_set():
+            log.info("streamd: stopped by signal; frames in flight were not drained")
+        else:
+            log.info("streamd: stopped by signal after draining frames in flight")
+        return 0
 
     def _shutdown(self, metrics: MetricsServer | None) -> None:
         systemd.notify("STOPPING=1", "STATUS=draining")
@@ -246,14 +254,14 @@ class Supervisor:
             log.error("streamd: %s", lost)
         return EX_FAILURE if failed or broken or lost else 0
 
-    # -- reload (SIGHUP / systemctl reload; issue 10 item 4, by ops) ----------------------------------------
+    # -- reload (SIGHUP / systemctl reload) ------------------------------------------------------------------
     def _reload(self) -> None:
         """Re-read the config file. Invalid: refused with `streamd check`'s messages; the running config
         stays. Valid: sinks that changed are swapped (SinkSet.reconfigure); streams added or changed start in
         a new worker; removed or changed ones leave with their worker, which drains first (a stream sharing
-        it moves to a new worker); the untouched streams never notice. A model or engine change switches
-        each worker to a successor (``_switch_model``); pipeline and metrics changes need a restart: logged,
-        not applied.
+        it moves to a new worker); the untouched streams never notice (``StreamMoves.edit_streams``). A
+        model or engine change switches each worker to a successor (``StreamMoves.switch_model``); pipeline
+        and metrics changes need a restart: logged, not applied.
 
         A stream id keeps its frame numbering and its counters for the whole run, whichever worker carries
         it: a moved stream continues after its newest line written, and so does a changed one (same id: a
@@ -301,10 +309,10 @@ class Supervisor:
             engine=new.engine,
             tracking=new.tracking,
         )
-        self._edit_streams(plan)
+        self._moves.edit_streams(plan)
         if plan.model_changed:
-            self._switch_model()
-        self._spawn_waiting()
+            self._moves.switch_model()
+        self._moves.advance()
         log.info("reload: %s", plan.describe())
         message = f"applied: {plan.describe()}"
         if warnings:  # e.g. a new MQTT sink whose broker cannot be reached (it keeps trying)
@@ -314,119 +322,6 @@ class Supervisor:
             log.warning("reload: %s changed; that needs a restart (kept the running one)", what)
             message += f" ({what} changed: needs a restart, kept the running one)"
         return True, message
-
-    def _edit_streams(self, plan: ReloadPlan) -> None:
-        """Streams removed, changed or added by a reload, in place in the workers that carry them: only the
-        touched streams stop and start, every other stream goes on untouched. A worker left with no stream
-        drains and finishes; an added stream goes to the least loaded worker, or a new one when every worker
-        carries its share (``STREAMS_PER_WORKER``, GPU with ``pipeline.workers: auto``)."""
-        removed, changed = set(plan.removed), {s.id: s for s in plan.changed}
-        for w in self.workers:
-            if (w.retired and not any(old is w for old, _ in self._switches)) or w.done or w.gave_up:
-                continue
-            gone = [sid for sid in w.stream_ids if sid in removed]
-            edits = tuple(changed[sid] for sid in w.stream_ids if sid in changed)
-            if not gone and not edits:
-                continue
-            w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in removed)
-            for sid in gone:
-                self.pool.owner.pop(sid, None)
-                self._leaving[sid] = w  # the sinks hear of it once the worker has let it go
-            if w.retired:  # draining for a model switch: its successor adopts what is left, as configured now
-                continue
-            if not w.stream_ids:  # nothing left: it drains and finishes; every line it wrote stays
-                w.retired = True
-                self.pool.send(w, ("stop",))
-            elif w.alive:
-                self.pool.send(w, ("streams", gone, edits, {}))
-        for sc in plan.added:
-            target = self.pool.worker_for_new_stream()
-            if target is None:
-                self._waiting.append((sc.id,))
-                continue
-            target.stream_ids += (sc.id,)
-            self.pool.owner[sc.id] = target
-            if target.alive:
-                self.pool.send(target, ("streams", [], (sc,), self.pool.resume_for((sc.id,))))
-
-    def _stream_edits_done(self) -> None:
-        """A worker's answer to an in-place edit: removed streams leave the sinks (MQTT marks them offline);
-        streams it could not take (its streams had all ended) start in a new worker."""
-        for w in self.workers:
-            while w.edits:
-                removed, refused = w.edits.pop(0)
-                for sid in removed:
-                    if self._leaving.get(sid) is w:
-                        del self._leaving[sid]
-                        if self.sink_set is not None and sid not in self.pool.owner:
-                            self.sink_set.stream_removed(sid)
-                if refused:
-                    w.stream_ids = tuple(sid for sid in w.stream_ids if sid not in refused)
-                    self._waiting.append(tuple(refused))
-
-    def _switch_model(self) -> None:
-        """A new model or engine: beside each running worker a successor builds the new engine (held, no
-        streams); once it is ready the running worker drains its last batches and finishes, then the
-        successor adopts its streams with their frame numbering continuing (``_spawn_waiting``)."""
-        for w in self.workers:
-            if w.retired or w.done or w.gave_up or not w.stream_ids:
-                continue
-            for old, succ in [x for x in self._switches if x[0] is w]:  # a newer model replaces a pending one
-                self.pool.send(succ, ("abort",))
-                self._switches.remove((old, succ))
-            successor = WorkerSlot(-1, (), w.device)
-            self.pool.spawn(successor, hold=True)
-            self._switches.append((w, successor))
-        self.pool.drop_spare()  # the spare holds the old model: build a new one later
-
-    def _advance_switches(self) -> None:
-        if self.stop.is_set():
-            return
-        for old, succ in list(self._switches):
-            if succ.error is not None or (succ.process is not None and not succ.alive and not succ.ready):
-                why = succ.error[1] if succ.error else "it died while building"
-                log.error(
-                    "reload: the new model could not start (%s); worker %d keeps the old one", why, old.index
-                )
-                self.pool.send(succ, ("abort",))
-                self._switches.remove((old, succ))
-                continue
-            if not succ.ready:
-                continue
-            if not old.retired:  # the new engine is built: the old worker finishes its batches in flight
-                old.retired = True
-                self.pool.send(old, ("stop",))
-                continue
-            reader_done = old.reader is None or not old.reader.is_alive()
-            if not (old.done or (not old.alive and reader_done)):
-                continue
-            self._switches.remove((old, succ))
-            self.pool.hand_over(old, succ)
-            log.info("reload: stream(s) %s switched to the new model", ", ".join(old.stream_ids))
-
-    def _spawn_waiting(self) -> None:
-        """Start the workers a reload asked for once no older worker still carries one of their streams
-        (frame numbers continue from the old worker's last line); tell the sinks about removed streams
-        once their worker's last line is out (MQTT marks them offline); move streams to workers that
-        built a new model."""
-        self._advance_switches()
-        self._stream_edits_done()
-        for sid, w in list(self._leaving.items()):
-            reader_done = w.reader is None or not w.reader.is_alive()
-            if w.done or (not w.alive and reader_done):
-                del self._leaving[sid]
-                if self.sink_set is not None and sid not in self.pool.owner:
-                    self.sink_set.stream_removed(sid)
-        for group in list(self._waiting):
-            busy = any(  # the old worker still runs, or its last lines are still on the way to the sinks
-                (w.alive and not w.done) or (w.reader is not None and w.reader.is_alive())
-                for w in self.workers
-                if w.retired and set(w.stream_ids) & set(group)
-            )
-            if busy or self.stop.is_set():
-                continue
-            self._waiting.remove(group)
-            self.pool.add_worker(group)
 
     # -- status ----------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -442,50 +337,75 @@ class Supervisor:
                 past=self.pool.past,
                 started=self._t0,
                 batch_size=self.config.pipeline.batch_size,
-                stall_s=self.STALL_S,
+                stalled=self.pool.stalled(),
                 stale_after_s=self.config.metrics.stale_after_s,
             )
 
     def _tick(self) -> None:
-        """Four times a second on the main thread: progress, systemd watchdog and status, the status line."""
+        """Four times a second on the main thread (also while a stop waits for the drain)."""
         now = time.monotonic()
+        self._note_progress(now)
+        self._ping_watchdog(now)
+        self._reload_on_sighup()
+        self._moves.advance()
+        self._publish_health(now)
+        self._report_status(now)
+        if self.status_line:
+            self._print_status()
+
+    def _note_progress(self, now: float) -> None:
+        """When each worker last delivered lines (stall detection)."""
         for w in self.workers:
             if w.lines != w.last_results:
                 w.last_results, w.last_progress = w.lines, now
-        watchdog_due = self._watchdog_s and now - self._last_ping >= self._watchdog_s / 2
-        if watchdog_due and self.pool.announced and not status.stalled(self.workers, now, self.STALL_S):
-            systemd.notify("WATCHDOG=1")  # only while results keep coming: a wedged pipeline gets restarted
+
+    def _ping_watchdog(self, now: float) -> None:
+        """WATCHDOG=1 only while results keep coming: systemd restarts a wedged pipeline."""
+        due = self._watchdog_s and now - self._last_ping >= self._watchdog_s / 2
+        if due and self.pool.announced and not self.pool.stalled(now):
+            systemd.notify("WATCHDOG=1")
             self._last_ping = now
-        if self._reopen.is_set() and self.pool.announced:  # a SIGHUP during start-up waits for READY
-            self._reopen.clear()
-            if self.sink_set is not None:
-                self.sink_set.reopen()
-            if not self.stop.is_set():
-                self._reload()
-        self._spawn_waiting()
+
+    def _reload_on_sighup(self) -> None:
+        """SIGHUP: reopen the sink files (logrotate), then reload the config; one during start-up waits for
+        READY."""
+        if not self._reopen.is_set() or not self.pool.announced:
+            return
+        self._reopen.clear()
+        if self.sink_set is not None:
+            self.sink_set.reopen()
+        if not self.stop.is_set():
+            self._reload()
+
+    def _publish_health(self, now: float) -> None:
+        """Once a second: MQTT's retained per-stream status follows each stream's health."""
         if now - self._last_health >= 1.0 and self.sink_set is not None and self.pool.announced:
-            self._last_health = now  # MQTT's retained per-stream status follows each stream's health
+            self._last_health = now
             self.sink_set.stream_health(self.snapshot()["per_stream"])
-        if now - self._last_status >= 5:
-            s = self.snapshot()
-            behind = s["overloaded"]
-            note = f", OVERLOADED: {len(behind)} stream(s) behind real time" if behind else ""
-            if waiting := status.count_state(s, "no_decoder"):
-                note += f", {waiting} stream(s) waiting for a GPU decoder"
-            systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
-            self._last_status = now
-            if bool(behind) != self._overloaded:  # say it when it starts and when it ends, not every tick
-                self._overloaded = bool(behind)
-                if behind:
-                    log.warning(
-                        "streamd: overloaded: %d stream(s) behind real time (decoding under their frame rate "
-                        "or dropping), e.g. %s; fewer streams, lower resolution or detect_fps, or more GPUs",
-                        len(behind), ", ".join(behind[:5]),
-                    )  # fmt: skip
-                else:
-                    log.info("streamd: no longer overloaded")
-        if self.status_line:
-            self._print_status()
+
+    def _report_status(self, now: float) -> None:
+        """Every 5 s: systemd's STATUS line; the log says when the box becomes overloaded and when it ends."""
+        if now - self._last_status < 5:
+            return
+        s = self.snapshot()
+        behind = s["overloaded"]
+        note = f", OVERLOADED: {len(behind)} stream(s) behind real time" if behind else ""
+        if waiting := status.count_state(s, "no_decoder"):
+            note += f", {waiting} stream(s) waiting for a GPU decoder"
+        systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
+        self._last_status = now
+        if bool(behind) == self._overloaded:  # said when it starts and when it ends, not every tick
+            return
+        self._overloaded = bool(behind)
+        if behind:
+            log.warning(
+                "streamd: overloaded: %d stream(s) behind real time (decoding under their frame rate or "
+                "dropping), e.g. %s; fewer streams, lower resolution or detect_fps, or more GPUs",
+                len(behind),
+                ", ".join(behind[:5]),
+            )
+        else:
+            log.info("streamd: no longer overloaded")
 
     def _print_status(self) -> None:
         status.print_status(self.snapshot())

@@ -15,7 +15,7 @@ The snapshot dict (every key optional except ``per_stream``)::
         state: str                     starting | running | reconnecting | no_decoder | stalled | ended |
                                        failed | restarting | unresponsive (no_decoder: waiting for room on
                                        the GPU's decoders; the last two: its worker process)
-        health: str, health_reason: str   ok | starting | ended | down, and why (status.stream_health;
+        health: str, health_reason: str   ok | starting | ended | down, and why (health.stream_health;
                                        derived from state when absent)
         stale: bool, last_packet_age_s: float | None, last_error: str
         stalled: bool                  this stream delivers nothing although it should (or state 'stalled')
@@ -53,6 +53,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamd.latency import LATENCY_BUCKETS_MS
+from streamd.supervisor.health import HEALTHS
+from streamd.supervisor.health import stream_health as derive_health
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -76,7 +78,6 @@ STATES = (
     "restarting",
     "unresponsive",
 )
-HEALTHS = ("ok", "starting", "ended", "down")  # status.HEALTHS
 STREAM_DOWN = ("degraded", "unhealthy")  # metrics.stream_down
 COUNTERS = {
     "decoded": "Frames decoded.",
@@ -95,13 +96,11 @@ def stream_stalled(stats: Mapping[str, Any]) -> bool:
 
 
 def stream_health(stats: Mapping[str, Any]) -> tuple[str, str]:
-    """(health, reason) of a stream: the snapshot's own (``status.stream_health``), else derived from its
+    """(health, reason) of a stream: the snapshot's own (``health.stream_health``), else derived from its
     state here (a snapshot built by hand)."""
     if "health" in stats:
         return str(stats["health"]), str(stats.get("health_reason") or "")
-    from streamd.supervisor.status import stream_health as derive
-
-    health, reason, _stale = derive(stats)
+    health, reason, _stale = derive_health(stats)
     return health, reason
 
 
@@ -150,10 +149,10 @@ def health(snapshot: Mapping[str, Any], stream_down: str = "degraded") -> tuple[
     return state != "unhealthy", body
 
 
-def rss_bytes() -> int:
-    """This process's resident set size (Linux /proc; 0 where unavailable)."""
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of a process (this one by default) from /proc; 0 where unreadable."""
     try:
-        with open("/proc/self/statm") as f:
+        with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0

@@ -8,8 +8,8 @@ process gets one reader thread that feeds its JSON lines to the sinks in order.
 Frame indices and counters belong to the stream id for the whole run, whichever process carries it: a stream
 resumes after its newest line written (``resume_for``), and its counters are summed over every process that
 carried it (``status.snapshot``): a dead incarnation's counters are folded into its slot's ``base``
-(``_retire``), and a slot that will never run again (a reload retired it, or it finished or gave up) is
-folded, once its last stats are in, into the pool's ``past`` slot (``archive_finished``).
+(``end_incarnation``), and a slot that will never run again (a reload retired it, or it finished or gave up)
+is folded, once its last stats are in, into the pool's ``past`` slot (``archive_finished``).
 """
 
 from __future__ import annotations
@@ -21,38 +21,38 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from streamd.config import Config
+from streamd.config import Config, StreamConfig
+from streamd.protocol import (
+    Abort,
+    Adopt,
+    Done,
+    FrameJpeg,
+    Go,
+    Lines,
+    Ready,
+    Record,
+    Resume,
+    SnapshotRequest,
+    StartFailed,
+    Stop,
+    StreamsEdited,
+    StreamTotals,
+    ToSupervisor,
+    ToWorker,
+    WorkerStats,
+    fold,
+)
 from streamd.sinks import SinkSet
-from streamd.worker.pipeline import STREAM_COUNTERS, Record, Resume
 from streamd.worker.process import WorkerSpec, worker_main
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
 
 STREAMS_PER_WORKER = 16  # what one process carries cleanly on an H200 (live 1080p30, see bench/RESULTS.md)
-COUNTERS = ("inferred", "dropped", *STREAM_COUNTERS)
-
-
-def add_counters(into: dict[str, int], stats: Mapping[str, Any]) -> None:
-    """Add one process's counters of a stream (``COUNTERS``) to ``into``."""
-    for key in COUNTERS:
-        into[key] += int(stats.get(key, 0))
-
-
-def add_latency(into: dict[str, dict], histograms: Mapping[str, Mapping[str, Any]]) -> None:
-    """Add one process's latency histograms of a stream (``LatencyHistograms.to_dict()``) to ``into``."""
-    for stage, h in histograms.items():
-        total = into.get(stage)
-        if total is None:
-            into[stage] = {"counts": list(h["counts"]), "sum": h["sum"], "count": h["count"]}
-            continue
-        total["counts"] = [a + b for a, b in zip(total["counts"], h["counts"], strict=True)]
-        total["sum"] += h["sum"]
-        total["count"] += h["count"]
 
 
 def gpu_present() -> bool:
@@ -84,14 +84,13 @@ class WorkerSlot:
     conn: Connection | None = None
     reader: threading.Thread | None = None
     ready: bool = False
-    done: bool = False  # finished on its own ("done" received)
-    failed: bool = False  # a stream failed or a stage broke (reported in "done")
+    done: bool = False  # finished on its own (Done received)
+    failed: bool = False  # a stream failed or a stage broke (reported in Done)
     gave_up: bool = False  # kept dying: its streams are lost
     retired: bool = False  # a reload took its streams away: it drains and finishes, never restarts
-    error: tuple[int, str] | None = None  # a start-up failure the worker reported
-    stats: dict[str, Any] = field(default_factory=dict)
-    base: dict[str, dict[str, int]] = field(default_factory=dict)  # counters of earlier incarnations
-    base_latency: dict[str, dict[str, dict]] = field(default_factory=dict)  # their latency histograms
+    error: StartFailed | None = None  # a start-up failure the worker reported
+    stats: WorkerStats = field(default_factory=WorkerStats)  # the current (or last) process's
+    base: dict[str, StreamTotals] = field(default_factory=dict)  # per stream, of earlier incarnations
     archived: bool = False  # finished for good: its counters are in WorkerPool.past (stats kept for display)
     lines: int = 0  # lines received from every incarnation (progress)
     base_results: int = 0  # frames inferred by earlier incarnations
@@ -103,11 +102,20 @@ class WorkerSlot:
     last_progress: float = 0.0
     last_results: int = -1
     last_message: float = 0.0  # monotonic time of the last message from its process (a sign of life)
-    edits: list[tuple[list[str], list[str]]] = field(default_factory=list)  # ("streams" replies) to act on
+    edits: list[StreamsEdited] = field(default_factory=list)  # replies to in-place edits, to act on
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
+
+    def totals(self) -> dict[str, StreamTotals]:
+        """Per stream, the counters of every incarnation of this slot (earlier ones and the current)."""
+        return fold(dict(self.base), self.stats.totals())
+
+    @property
+    def results(self) -> int:
+        """Frames inferred by every incarnation of this slot."""
+        return self.base_results + self.stats.results
 
 
 class WorkerPool:
@@ -122,6 +130,8 @@ class WorkerPool:
     # A ready worker sends stats at least once a second; silent this long, it is wedged (SIGSTOP, a native
     # call that never returns, a deadlock): killed, and its streams resume elsewhere.
     SILENT_S = 6.0
+    # No result for this long while streams run: the pipeline is stalled (health 503, watchdog withheld).
+    STALL_S = 30.0
 
     def __init__(
         self,
@@ -139,7 +149,7 @@ class WorkerPool:
         self.workers = [WorkerSlot(k, ids, dev) for k, (ids, dev) in enumerate(plan_workers(config))]
         self.owner = {sid: w for w in self.workers for sid in w.stream_ids}
         self._resume: dict[str, Resume] = {}
-        self.info: dict[str, Any] = {}  # the last "ready" message: engine and decoder in use
+        self.info: Ready | None = None  # the last Ready: engine and decoder in use
         self.announced = False  # every worker was ready and told to go (READY=1 sent)
         # Per GPU the workers use, a built, idle worker that takes over the streams of one that dies there
         # (pipeline.spare_worker): its engine is on that GPU, so no engine build on the way back.
@@ -167,7 +177,7 @@ class WorkerPool:
         """Every worker is built: their streams begin together."""
         self.announced = True
         for w in self.workers:
-            self.send(w, ("go",))
+            self.send(w, Go())
 
     def add_worker(self, stream_ids: tuple[str, ...]) -> None:
         """A new slot for ``stream_ids`` (a reload), started at once."""
@@ -178,7 +188,7 @@ class WorkerPool:
             self.owner[sid] = w
         self.spawn(w)
 
-    def stream_configs(self, stream_ids: tuple[str, ...]) -> tuple:
+    def stream_configs(self, stream_ids: tuple[str, ...]) -> tuple[StreamConfig, ...]:
         """The running config's settings of these streams (a worker built before a reload has old ones)."""
         wanted = set(stream_ids)
         return tuple(s for s in self.config.streams if s.id in wanted)
@@ -207,12 +217,12 @@ class WorkerPool:
         self.workers.append(successor)
         for sid in old.stream_ids:
             self.owner[sid] = successor
-        self.send(successor, ("adopt", self.stream_configs(old.stream_ids), resume))
+        self.send(successor, Adopt(self.stream_configs(old.stream_ids), resume))
 
     def drop_spare(self) -> None:
         """End the spares (they hold an old model); new ones are built a few seconds later."""
         for device, spare in list(self.spares.items()):
-            self.send(spare, ("abort",))
+            self.send(spare, Abort())
             del self.spares[device]
             self._spare_at[device] = time.monotonic() + 5.0
 
@@ -227,7 +237,7 @@ class WorkerPool:
             if spare is not None and (spare.alive or spare.process is None):
                 continue
             if spare is not None and spare.error is not None:
-                why = spare.error[1]
+                why = spare.error.message
                 where = f"on GPU {device} " if gpu_present() else ""
                 log.warning("spare worker %scould not start (%s); none there", where, why)
                 del self.spares[device]
@@ -242,16 +252,16 @@ class WorkerPool:
                 self.spares[device] = spare = WorkerSlot(-1, (), device)
                 self.spawn(spare, hold=True)
 
-    def _adopt(self, dead: WorkerSlot) -> bool:
+    def move_to_spare(self, dead: WorkerSlot) -> bool:
         """Hand a dead worker's streams to the spare on its GPU (already built: no engine build on the way
-        back)."""
+        back); False when that GPU has no spare ready."""
         spare = self.spares.get(dead.device)
         if spare is None or not spare.ready or not spare.alive:
             return False
         resume = self.resume_for(dead.stream_ids)
         spare.index, spare.stream_ids = dead.index, dead.stream_ids
         with self.counters_lock:
-            spare.base, spare.base_latency = dead.base, dead.base_latency
+            spare.base = dead.base
             spare.lines, spare.base_results = dead.lines, dead.base_results
             self.workers[self.workers.index(dead)] = spare
         spare.restarts, spare.crashes_in_a_row = dead.restarts, dead.crashes_in_a_row
@@ -260,7 +270,7 @@ class WorkerPool:
             self.owner[sid] = spare
         del self.spares[dead.device]
         self._spare_at[dead.device] = time.monotonic() + 1.0
-        self.send(spare, ("adopt", self.stream_configs(dead.stream_ids), resume))
+        self.send(spare, Adopt(self.stream_configs(dead.stream_ids), resume))
         return True
 
     def spawn(self, w: WorkerSlot, *, hold: bool | None = None) -> None:
@@ -282,54 +292,65 @@ class WorkerPool:
 
     def _read(self, w: WorkerSlot, conn: Connection) -> None:
         """One thread per worker process: its lines to the sinks, its stats, its state changes."""
-        sink_set = self.sink_set
-        assert sink_set is not None
         while True:
             try:
-                message = conn.recv()
+                message: ToSupervisor = conn.recv()
             except (EOFError, OSError):
                 return
             w.last_message = time.monotonic()
-            kind = message[0]
-            if kind == "lines":
-                records: list[Record] = message[1]
-                for rec in records:
-                    sink_set.submit(rec.line, rec.stream_id)
-                last = records[-1] if records else None
-                if last is not None:
-                    for rec in records:  # per stream: after the newest frame written
-                        prev = self._resume.get(rec.stream_id)
-                        if prev is None or rec.frame >= prev.index:
-                            pts = rec.pts if rec.pts is not None or prev is None else prev.pts
-                            self._resume[rec.stream_id] = Resume(rec.frame + 1, pts, rec.wall_time)
-                    w.lines += len(records)
-                    self.last_result_at = time.perf_counter()
-            elif kind == "stats":
-                with self.counters_lock:  # a late message of a retired process: already folded into base
-                    if w.conn is conn:
-                        w.stats = message[1]
-            elif kind == "ready":
-                self.info = message[1]
-                w.ready, w.ready_at = True, time.monotonic()
-                if w.index < 0:  # the spare, built and idle
-                    where = f" on GPU {w.device}" if message[1].get("gpu") else ""
-                    log.info("spare worker ready%s (pid %d)", where, message[1]["pid"])
-                    continue
-                log.info(
-                    "worker %d %s (pid %d): stream(s) %s",
-                    w.index, "back" if w.restarts else "ready", message[1]["pid"], ", ".join(w.stream_ids),
-                )  # fmt: skip
-            elif kind == "snapshot":
-                pending = self._snapshots.get(message[1])
-                if pending is not None:
-                    pending[1].append(message[2])
-                    pending[0].set()
-            elif kind == "error":
-                w.error = (message[1], message[2])
-            elif kind == "streams":  # a reload's in-place change is through: (removed, refused)
-                w.edits.append((list(message[1]), list(message[2])))
-            elif kind == "done":
-                w.failed, w.done = bool(message[1]), True
+            match message:
+                case Lines(records):
+                    self._lines(w, records)
+                case WorkerStats():
+                    with self.counters_lock:  # a late message of a retired process: already folded into base
+                        if w.conn is conn:
+                            w.stats = message
+                case Ready():
+                    self._ready(w, message)
+                case FrameJpeg(stream_id, jpeg):
+                    pending = self._snapshots.get(stream_id)
+                    if pending is not None:
+                        pending[1].append(jpeg)
+                        pending[0].set()
+                case StartFailed():
+                    w.error = message
+                case StreamsEdited():  # a reload's in-place change is through
+                    w.edits.append(message)
+                case Done(failed):
+                    w.failed, w.done = failed, True
+
+    def _lines(self, w: WorkerSlot, records: list[Record]) -> None:
+        """One batch to the sinks, in order; each stream resumes after its newest frame written."""
+        sink_set = self.sink_set
+        assert sink_set is not None
+        for rec in records:
+            sink_set.submit(rec.line, rec.stream_id)
+        if not records:
+            return
+        for rec in records:
+            prev = self._resume.get(rec.stream_id)
+            if prev is None or rec.frame >= prev.index:
+                pts = rec.pts if rec.pts is not None or prev is None else prev.pts
+                self._resume[rec.stream_id] = Resume(rec.frame + 1, pts, rec.wall_time)
+        w.lines += len(records)
+        self.last_result_at = time.perf_counter()
+
+    def _ready(self, w: WorkerSlot, ready: Ready) -> None:
+        self.info = ready
+        w.ready, w.ready_at = True, time.monotonic()
+        if w.index < 0:  # the spare, built and idle
+            where = f" on GPU {w.device}" if ready.gpu else ""
+            log.info("spare worker ready%s (pid %d)", where, ready.pid)
+            return
+        state = "back" if w.restarts else "ready"
+        log.info("worker %d %s (pid %d): stream(s) %s", w.index, state, ready.pid, ", ".join(w.stream_ids))
+
+    def stalled(self, now: float | None = None) -> bool:
+        """Some worker has running streams but produced no result for ``STALL_S``."""
+        now = time.monotonic() if now is None else now
+        return any(
+            w.stats.running() and w.alive and now - w.last_progress > self.STALL_S for w in self.workers
+        )
 
     def frame_snapshot(self, stream_id: str, timeout: float = 2.0) -> bytes | None:
         """The status page's JPEG of a stream's latest frame, asked of the worker that carries the stream."""
@@ -338,12 +359,12 @@ class WorkerPool:
             return None
         with self._snapshot_lock:  # one request per stream at a time; the page rate-limits anyway
             done, box = self._snapshots[stream_id] = (threading.Event(), [])
-            self.send(w, ("snapshot", stream_id))
+            self.send(w, SnapshotRequest(stream_id))
             done.wait(timeout)
             self._snapshots.pop(stream_id, None)
         return box[0] if box else None
 
-    def send(self, w: WorkerSlot, message: tuple) -> None:
+    def send(self, w: WorkerSlot, message: ToWorker) -> None:
         if w.conn is not None and w.alive:
             with contextlib.suppress(OSError, ValueError):
                 w.conn.send(message)
@@ -358,7 +379,7 @@ class WorkerPool:
             if w.error is not None:  # after start-up a failed restart is one more crash
                 if not self.announced:
                     continue
-                log.error("worker %d could not start again: %s", w.index, w.error[1])
+                log.error("worker %d could not start again: %s", w.index, w.error.message)
                 w.error = None
             if w.restart_at is not None:
                 if now >= w.restart_at:
@@ -367,10 +388,9 @@ class WorkerPool:
             if w.alive:
                 silent = now - w.last_message
                 if w.ready and silent > self.SILENT_S:
-                    log.error(
-                        "worker %d (pid %d) silent for %.0f s (wedged); killing it, stream(s) %s resume",
-                        w.index, w.process.pid, silent, ", ".join(w.stream_ids),
-                    )  # fmt: skip
+                    streams = ", ".join(w.stream_ids)
+                    what = "worker %d (pid %d) silent for %.0f s (wedged); killing it, stream(s) %s resume"
+                    log.error(what, w.index, w.process.pid, silent, streams)
                     w.process.kill()
                     w.process.join(timeout=5)
                 continue
@@ -378,32 +398,26 @@ class WorkerPool:
                 w.reader.join(timeout=10)  # every line it sent is in the sinks before its streams resume
             if w.done:
                 continue
-            self._retire(w)
+            self.end_incarnation(w)
             code = w.process.exitcode
             why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             healthy = w.ready and now - w.ready_at >= self.HEALTHY_S
             w.crashes_in_a_row = 0 if healthy else w.crashes_in_a_row + 1
             if not w.ready and w.crashes_in_a_row >= self.MAX_CRASHES:
                 w.gave_up = True
-                log.error(
-                    "worker %d died %d times in a row before it was ready (%s); giving up on stream(s) %s",
-                    w.index, w.crashes_in_a_row, why, ", ".join(w.stream_ids),
-                )  # fmt: skip
+                what = "worker %d died %d times in a row before it was ready (%s); giving up on stream(s) %s"
+                log.error(what, w.index, w.crashes_in_a_row, why, ", ".join(w.stream_ids))
                 continue
             w.restarts += 1
-            if self._adopt(w):
-                log.error(
-                    "worker %d (pid %d) died (%s); stream(s) %s affected; moved to the spare worker",
-                    w.index, w.process.pid, why, ", ".join(w.stream_ids),
-                )  # fmt: skip
+            if self.move_to_spare(w):
+                what = "worker %d (pid %d) died (%s); stream(s) %s affected; moved to the spare worker"
+                log.error(what, w.index, w.process.pid, why, ", ".join(w.stream_ids))
                 continue
             delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** max(0, w.crashes_in_a_row - 1))
             w.restart_at = now + delay
             w.ready = False
-            log.error(
-                "worker %d (pid %d) died (%s); stream(s) %s affected; restarting in %.1f s (restart %d)",
-                w.index, w.process.pid, why, ", ".join(w.stream_ids), delay, w.restarts,
-            )  # fmt: skip
+            what = "worker %d (pid %d) died (%s); stream(s) %s affected; restarting in %.1f s (restart %d)"
+            log.error(what, w.index, w.process.pid, why, ", ".join(w.stream_ids), delay, w.restarts)
 
     def archive_finished(self) -> None:
         """Fold the counters of slots that will never run again (retired by a reload, finished, given up)
@@ -415,25 +429,15 @@ class WorkerPool:
             if w.reader is not None and w.reader.is_alive():  # its last stats may still be on the way
                 continue
             with self.counters_lock:
-                past = self.past
-                for sid, base in w.base.items():
-                    add_counters(past.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), base)
-                for sid, lat in w.base_latency.items():
-                    add_latency(past.base_latency.setdefault(sid, {}), lat)
-                for sid, s in w.stats.get("per_stream", {}).items():
-                    add_counters(past.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), s)
-                    add_latency(past.base_latency.setdefault(sid, {}), s.get("latency", {}))
-                past.base_results += w.base_results + int(w.stats.get("results", 0))
+                fold(self.past.base, w.totals())
+                self.past.base_results += w.results
                 w.archived = True
 
-    def _retire(self, w: WorkerSlot) -> None:
-        """Fold a dead incarnation's counters into the worker's base so totals never go back."""
+    def end_incarnation(self, w: WorkerSlot) -> None:
+        """A worker's process died: fold its counters into the slot's base so totals never go back."""
         with self.counters_lock:
-            for sid, s in w.stats.get("per_stream", {}).items():
-                add_counters(w.base.setdefault(sid, dict.fromkeys(COUNTERS, 0)), s)
-                add_latency(w.base_latency.setdefault(sid, {}), s.get("latency", {}))
-            w.base_results += int(w.stats.get("results", 0))
-            w.stats = {}
+            w.base, w.base_results = w.totals(), w.results
+            w.stats = WorkerStats()
             conn, w.conn = w.conn, None  # from here on its reader's stats are ignored
         if conn is not None:
             conn.close()
@@ -442,7 +446,7 @@ class WorkerPool:
         """Ask every worker to finish; wait for the drain (bounded), then end what is left."""
         everyone = [*self.workers, *self.spares.values()]
         for w in everyone:
-            self.send(w, ("abort",) if abort else ("stop",))
+            self.send(w, Abort() if abort else Stop())
         deadline = time.monotonic() + (5.0 if abort else self.DRAIN_S)
         for w in everyone:
             if w.process is None:
@@ -450,7 +454,7 @@ class WorkerPool:
             while w.alive and time.monotonic() < deadline:
                 w.process.join(timeout=0.25)
                 if self._abort.is_set() and not abort:
-                    self.send(w, ("abort",))
+                    self.send(w, Abort())
                 self._on_tick()
             if w.alive:
                 if not quiet:

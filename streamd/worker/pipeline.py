@@ -1,21 +1,22 @@
 """One worker's pipeline: its share of the streams -> ingest -> batcher -> slot ring -> engine -> JSON lines.
 
 ``Pipeline`` is the whole data path of one worker process (``streamd.worker.process`` runs it and talks to
-the supervisor). Results leave as ``Record``s, one list per batch, each stream's frames in order; a record
-carries the frame index, pts and wall time next to the finished line, so the supervisor can resume a
-stream in another process where it stopped (``Resume``) without parsing JSON.
+the supervisor). Results leave as ``protocol.Record``s, one list per batch, each stream's frames in order;
+a record carries the frame index, pts and wall time next to the finished line, so the supervisor can resume
+a stream in another process where it stopped (``protocol.Resume``) without parsing JSON. ``stats()`` is
+the worker's ``protocol.WorkerStats``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from streamd.analytics.stream import StreamAnalytics
 from streamd.config import Config, StreamConfig
@@ -25,6 +26,7 @@ from streamd.ingest.stream import StreamWorker
 from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher, StreamQueue
 from streamd.pipeline.scheduler import Scheduler
+from streamd.protocol import Record, Resume, StreamCounters, StreamReport, WorkerStats
 from streamd.sinks.record import to_json_line
 from streamd.stages.contract import Stages
 from streamd.stages.cpu import CpuStages
@@ -35,27 +37,6 @@ from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 
 log = logging.getLogger(__name__)
 Totals = dict[str, tuple[int, int, int, bool]]  # per stream at a mark: results, decoded, dropped, running?
-# A stream's StreamStats counters a worker reports (supervisor.pool.COUNTERS adds inferred and dropped).
-STREAM_COUNTERS = ("decoded", "skipped", "decode_errors", "read_errors", "reconnects", "stalls")
-
-
-class Record(NamedTuple):
-    """One finished frame as it travels to the supervisor."""
-
-    stream_id: str
-    frame: int
-    pts: float | None
-    wall_time: float
-    line: str
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Where a restarted worker's stream continues: next frame index, last pts and its wall time."""
-
-    index: int
-    pts: float | None
-    wall_time: float
 
 
 def build_stages(config: Config, device: int | None = None) -> Stages:
@@ -96,9 +77,14 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
             raise StartupError(str(exc), EX_CONFIG) from exc
         pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
         post = PostprocessSpec(
-            layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k,
+            layout,
+            len(m.class_names),
+            m.score_threshold,
+            m.iou_threshold,
+            m.max_detections,
+            m.top_k,
             thresholds=ClassThresholds.from_config(config),
-        )  # fmt: skip
+        )
         if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
             from streamd.stages.cuda import GpuStages
 
@@ -185,7 +171,7 @@ class Pipeline:
         self._started = False
         # Counters of stream incarnations a reload replaced or removed (per stream id): a stream's counters
         # never go back, whichever StreamWorker carries it.
-        self._carried: dict[str, dict[str, int]] = {}
+        self._carried: dict[str, StreamCounters] = {}
         self._queues: dict[StreamWorker, StreamQueue] = {}  # each stream thread's queue in the batcher
         self._edit_lock = threading.Lock()  # one reconfiguration at a time; start() waits for it
 
@@ -296,10 +282,8 @@ class Pipeline:
             time.sleep(0.005)
 
     def _retire_counters(self, w: StreamWorker) -> None:
-        carried = self._carried.setdefault(w.cfg.id, dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0))
-        for key in STREAM_COUNTERS:
-            carried[key] += getattr(w.stats, key)
-        carried["dropped"] += self._queues[w].dropped
+        before = self._carried.get(w.cfg.id, StreamCounters())
+        self._carried[w.cfg.id] = before + _counters(w, self._queues[w])
 
     def _finish_analytics(self, w: StreamWorker) -> None:
         """A stopped stream's tracks leave their zones (also when a changed stream's successor has its own
@@ -386,78 +370,87 @@ class Pipeline:
         error = self.scheduler is not None and self.scheduler.error is not None
         return error or any(w.stats.state == "failed" for w in self.workers)
 
-    @staticmethod
-    def _window_rates(
-        workers: Sequence[StreamWorker], before: Totals, totals: Totals, dt: float
-    ) -> dict[str, tuple[float, float, bool]]:
-        """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or
-        a file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window
-        it ran all through (one that began mid-window, e.g. at a busy start, has not fallen behind)."""
-        rates = {}
-        for w in workers:
-            sid = w.cfg.id
-            if sid not in before or sid not in totals:
-                continue
-            (r0, d0, x0, ran), (r1, d1, x1, _) = before[sid], totals[sid]
-            fps, decode_fps = (r1 - r0) / dt, (d1 - d0) / dt
-            live = w.cfg.is_live or w.cfg.realtime
-            nominal = w.nominal_fps
-            slow = nominal > 0 and decode_fps < 0.9 * nominal
-            behind = live and w.stats.state == "running" and ((ran and slow) or x1 > x0)
-            rates[sid] = (fps, decode_fps, behind)
-        return rates
-
-    def stats(self) -> dict[str, Any]:
-        """Plain counters: per stream, plus the pipeline's own (read from another thread; values may be a
-        tick apart, never inconsistent in type)."""
+    def stats(self) -> WorkerStats:
+        """The worker's counters, per stream and its own (read from another thread: values may be a tick
+        apart, never inconsistent in type)."""
         workers = list(self.workers)  # a reload may edit the list meanwhile
-        per_stream: dict[str, dict[str, Any]] = {}
         now = time.monotonic()
         mark, before = self._mark
-        none = dict.fromkeys((*STREAM_COUNTERS, "dropped"), 0)
         counts = {}
         for w in workers:
-            carried = self._carried.get(w.cfg.id, none)
-            c = {k: getattr(w.stats, k) + carried[k] for k in STREAM_COUNTERS}
-            q = self._queues.get(w)  # gone: a reload retired it since the list was taken (counts carried)
-            c["dropped"] = (q.dropped if q is not None else 0) + carried["dropped"]
+            # the queue is gone once a reload retired the stream since the list was taken (counts carried)
+            c = _counters(w, self._queues.get(w)) + self._carried.get(w.cfg.id, StreamCounters())
             counts[w.cfg.id] = c
-        totals = {
-            sid: (self.latency[sid].results, c["decoded"], c["dropped"], w.stats.state == "running")
-            for w in workers
-            for sid, c in ((w.cfg.id, counts[w.cfg.id]),)
-        }
-        if now - mark >= 2.0:
-            self._mark, self._rates = (now, totals), self._window_rates(workers, before, totals, now - mark)
+        totals: Totals = {}
         for w in workers:
-            s = w.stats
-            sid = w.cfg.id
+            c = counts[w.cfg.id]
+            running = w.stats.state == "running"
+            totals[w.cfg.id] = (self.latency[w.cfg.id].results, c.decoded, c.dropped, running)
+        if now - mark >= 2.0:
+            self._mark, self._rates = (now, totals), window_rates(workers, before, totals, now - mark)
+        per_stream: dict[str, StreamReport] = {}
+        for w in workers:
+            s, sid = w.stats, w.cfg.id
             fps, decode_fps, behind = self._rates.get(sid, (0.0, 0.0, False))
-            per_stream[sid] = {
-                "state": s.state,
-                **counts[sid],
-                "inferred": totals[sid][0],
-                "fps": round(fps, 2),
-                "decode_fps": round(decode_fps, 2),
-                "behind": behind,
-                "latency": self.latency[sid].to_dict(),
-                "decoder": s.decoder,
-                "last_error": s.last_error,
-                "last_packet_age_s": s.last_packet_age_s,
-                "nominal_fps": w.nominal_fps,
-            }
+            per_stream[sid] = StreamReport(
+                s.state,
+                dataclasses.replace(counts[sid], inferred=totals[sid][0]),
+                self.latency[sid].snapshot(),
+                fps=round(fps, 2),
+                decode_fps=round(decode_fps, 2),
+                behind=behind,
+                decoder=s.decoder,
+                last_error=s.last_error,
+                last_packet_age_s=s.last_packet_age_s,
+                nominal_fps=w.nominal_fps,
+            )
         for sid, carried in list(self._carried.items()):  # removed by a reload: its counts stay counted
             if sid not in per_stream:
-                per_stream[sid] = {"state": "removed", **carried, "inferred": self.latency[sid].results}
-                per_stream[sid]["latency"] = self.latency[sid].to_dict()
+                latency = self.latency[sid]
+                inferred = dataclasses.replace(carried, inferred=latency.results)
+                per_stream[sid] = StreamReport("removed", inferred, latency.snapshot())
         sched = self.scheduler
-        return {
-            "results": self.results,
-            "behind": sorted(sid for sid, st in per_stream.items() if st.get("behind")),
-            "batches": sched.batches if sched else 0,
-            "frames": sched.frames if sched else 0,
-            "batch_size": self.config.pipeline.batch_size,
-            "early_batches": self.batcher.early if self.batcher else 0,
-            "error": repr(sched.error) if sched and sched.error else None,
-            "per_stream": per_stream,
-        }
+        return WorkerStats(
+            results=self.results,
+            batches=sched.batches if sched else 0,
+            frames=sched.frames if sched else 0,
+            batch_size=self.config.pipeline.batch_size,
+            early_batches=self.batcher.early if self.batcher else 0,
+            error=repr(sched.error) if sched and sched.error else None,
+            per_stream=per_stream,
+        )
+
+
+def _counters(w: StreamWorker, queue: StreamQueue | None) -> StreamCounters:
+    """A stream thread's counters, and the frames its queue dropped (none once the queue is gone)."""
+    s = w.stats
+    return StreamCounters(
+        decoded=s.decoded,
+        skipped=s.skipped,
+        decode_errors=s.decode_errors,
+        read_errors=s.read_errors,
+        reconnects=s.reconnects,
+        stalls=s.stalls,
+        dropped=queue.dropped if queue is not None else 0,
+    )
+
+
+def window_rates(
+    workers: Sequence[StreamWorker], before: Totals, totals: Totals, dt: float
+) -> dict[str, tuple[float, float, bool]]:
+    """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or a
+    file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window it ran
+    all through (one that began mid-window, e.g. at a busy start, has not fallen behind)."""
+    rates = {}
+    for w in workers:
+        sid = w.cfg.id
+        if sid not in before or sid not in totals:
+            continue
+        (r0, d0, x0, ran), (r1, d1, x1, _) = before[sid], totals[sid]
+        fps, decode_fps = (r1 - r0) / dt, (d1 - d0) / dt
+        live = w.cfg.is_live or w.cfg.realtime
+        nominal = w.nominal_fps
+        slow = nominal > 0 and decode_fps < 0.9 * nominal
+        behind = live and w.stats.state == "running" and ((ran and slow) or x1 > x0)
+        rates[sid] = (fps, decode_fps, behind)
+    return rates

@@ -1,14 +1,5 @@
-"""A worker process: runs one ``Pipeline`` and talks to the supervisor over a pipe.
-
-    worker -> supervisor   ("ready", info) · ("lines", [Record, ...]) per batch · ("stats", dict) at least
-                           once a second, also while held (the supervisor's sign of life) · ("error",
-                           exit_code, message) when it cannot start · ("streams", removed, refused) after a
-                           ("streams", ...) request · ("snapshot", stream_id, jpeg) · ("done", failed)
-    supervisor -> worker   ("go",) start the streams (first start: once every worker is built) · ("adopt",
-                           stream_configs, resumes) a spare takes over a dead worker's streams, then starts ·
-                           ("streams", remove_ids, stream_configs, resumes) a reload removes, changes or
-                           adds streams in place (the others never pause) · ("stop",) drain and finish ·
-                           ("abort",) finish now · ("snapshot", stream_id)
+"""A worker process: runs one ``Pipeline`` and talks to the supervisor over a pipe, in the typed messages of
+``streamd.protocol`` (its docstring lists them, both ways).
 
 The worker never outlives its supervisor: a closed pipe means stop.
 """
@@ -22,14 +13,31 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from streamd import logutil
-from streamd.config import Config, StreamConfig
+from streamd.config import Config
 from streamd.exitcodes import EX_SOFTWARE, StartupError
-from streamd.worker.pipeline import Pipeline, Record, Resume
+from streamd.protocol import (
+    Abort,
+    Adopt,
+    Done,
+    EditStreams,
+    FrameJpeg,
+    Go,
+    Lines,
+    Ready,
+    Record,
+    Resume,
+    SnapshotRequest,
+    StartFailed,
+    Stop,
+    StreamsEdited,
+    ToSupervisor,
+    ToWorker,
+)
+from streamd.worker.pipeline import Pipeline
 
 log = logging.getLogger("streamd.worker")
 
@@ -41,7 +49,7 @@ class WorkerSpec:
     stream_ids: tuple[str, ...]
     device: int
     resume: dict[str, Resume] = field(default_factory=dict)
-    hold: bool = False  # after "ready", wait for ("go",): every worker's streams start together
+    hold: bool = False  # after Ready, wait for Go: every worker's streams start together
 
 
 class _Channel:
@@ -52,7 +60,7 @@ class _Channel:
         self._lock = threading.Lock()
         self.closed = False
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: ToSupervisor) -> None:
         if self.closed:
             return
         with self._lock:
@@ -64,9 +72,9 @@ class _Channel:
         if self.closed:
             return
         with self._lock:
-            self._send(("stats", pipeline.stats()))
+            self._send(pipeline.stats())
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ToSupervisor) -> None:
         try:
             self.conn.send(message)
         except (OSError, EOFError, ValueError):  # the supervisor is gone: stop quietly
@@ -94,7 +102,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         if now - last_stats >= 0.25:  # counters travel ahead of the lines they describe
             last_stats = now
             channel.send_stats(pipeline)
-        channel.send(("lines", records))
+        channel.send(Lines(records))
 
     pipeline = Pipeline(config, streams, emit, device=spec.device, resume=spec.resume)
     # systemd (KillMode=control-group) or an operator may signal the worker directly: drain like "stop".
@@ -102,11 +110,11 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     try:
         pipeline.build()
     except StartupError as exc:
-        channel.send(("error", exc.code, str(exc)))
+        channel.send(StartFailed(exc.code, str(exc)))
         return
     except Exception as exc:
         log.debug("start-up failure", exc_info=True)
-        channel.send(("error", EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
+        channel.send(StartFailed(EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
         return
     # What start-up built lives as long as the process: the GC need not walk it again (~0.2 s pauses).
     gc.collect()
@@ -114,7 +122,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     go = threading.Event()
     if not spec.hold:
         go.set()
-    adoption: list[tuple[tuple[StreamConfig, ...], dict[str, Resume]]] = []  # a spare's streams ("adopt")
+    adoption: list[Adopt] = []  # a spare's streams
     commands = threading.Thread(
         target=_commands, args=(conn, channel, pipeline, go, adoption), name="commands"
     )
@@ -125,20 +133,19 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     threading.Thread(target=_heartbeat, args=(channel, pipeline), name="heartbeat", daemon=True).start()
     try:
         stages = pipeline.stages
-        info = {
-            "pid": os.getpid(),
-            "engine": stages.engine.name if stages else "?",
-            "gpu": bool(stages and stages.engine.on_device),
-            "decoder": pipeline.decoder,
-        }
-        channel.send(("ready", info))
+        ready = Ready(
+            os.getpid(),
+            stages.engine.name if stages else "?",
+            bool(stages and stages.engine.on_device),
+            pipeline.decoder,
+        )
+        channel.send(ready)
         while not go.wait(0.25):  # the first start: streams begin when every worker is built
             if pipeline.stop.is_set() or channel.closed:
                 break
         if adoption:  # a spare taking over a dead worker's streams
-            adopted, resume = adoption[0]
-            pipeline.adopt(adopted, resume)
-            channel.send(("ready", info))
+            pipeline.adopt(adoption[0].streams, adoption[0].resume)
+            channel.send(ready)
         if go.is_set() and not pipeline.stop.is_set():
             pipeline.start()
         while not pipeline.join(timeout=0.5):
@@ -149,57 +156,47 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         pipeline.close()
         logutil.flush_all()  # counts of repeated warnings still held back
         channel.send_stats(pipeline)
-        channel.send(("done", pipeline.failed))
+        channel.send(Done(pipeline.failed))
 
 
 def _commands(
-    conn: Connection,
-    channel: _Channel,
-    pipeline: Pipeline,
-    go: threading.Event,
-    adoption: list[tuple[tuple[StreamConfig, ...], dict[str, Resume]]],
+    conn: Connection, channel: _Channel, pipeline: Pipeline, go: threading.Event, adoption: list[Adopt]
 ) -> None:
     while True:
         try:
-            message = conn.recv()
+            message: ToWorker = conn.recv()
         except (EOFError, OSError):  # the supervisor died: finish what is in flight and exit
             channel.closed = True
             pipeline.abort()
             return
-        kind = message[0]
-        if kind == "go":
-            go.set()
-        elif kind == "adopt":
-            adoption.append((tuple(message[1]), dict(message[2])))
-            go.set()
-        elif kind == "streams":  # a reload, in place; off this thread: stopping a stream may take seconds
-            threading.Thread(target=_reconfigure, args=(channel, pipeline, *message[1:]), daemon=True).start()
-        elif kind == "stop":
-            pipeline.stop.set()
-        elif kind == "abort":
-            pipeline.abort()
-        elif kind == "snapshot":  # the status page asked: encode off the frame path, on this thread
-            try:
-                jpeg = pipeline.latest.jpeg(message[1])
-            except Exception:
-                log.exception("snapshot of %s failed", message[1])
-                jpeg = None
-            channel.send(("snapshot", message[1], jpeg))
+        match message:
+            case Go():
+                go.set()
+            case Adopt():
+                adoption.append(message)
+                go.set()
+            case EditStreams():  # a reload, in place; off this thread: stopping a stream may take seconds
+                threading.Thread(target=_reconfigure, args=(channel, pipeline, message), daemon=True).start()
+            case Stop():
+                pipeline.stop.set()
+            case Abort():
+                pipeline.abort()
+            case SnapshotRequest(stream_id):  # the status page asked: encode off the frame path, here
+                try:
+                    jpeg = pipeline.latest.jpeg(stream_id)
+                except Exception:
+                    log.exception("snapshot of %s failed", stream_id)
+                    jpeg = None
+                channel.send(FrameJpeg(stream_id, jpeg))
 
 
-def _reconfigure(
-    channel: _Channel,
-    pipeline: Pipeline,
-    remove: Sequence[str],
-    upsert: Sequence[StreamConfig],
-    resume: dict[str, Resume],
-) -> None:
+def _reconfigure(channel: _Channel, pipeline: Pipeline, edit: EditStreams) -> None:
     try:
-        removed, refused = pipeline.reconfigure(remove, upsert, resume)
+        removed, refused = pipeline.reconfigure(edit.remove, edit.upsert, edit.resume)
     except Exception:  # a reload must not take the other streams down
         log.exception("reload: changing streams in place failed")
-        removed, refused = list(remove), [s.id for s in upsert]
-    channel.send(("streams", removed, refused))
+        removed, refused = list(edit.remove), [s.id for s in edit.upsert]
+    channel.send(StreamsEdited(removed, refused))
 
 
 def _heartbeat(channel: _Channel, pipeline: Pipeline) -> None:
