@@ -4,27 +4,32 @@ Called from two threads of the process that holds the stream:
 
 - the stream's ingest thread, for every decoded frame, before it enters the batcher:
   ``should_detect(frame)``; when False the frame is skipped (not batched; counted as ``skipped``) and
-  ``on_skipped(frame)`` is called;
-- the result thread, for every detected frame, in frame order: ``on_result(result)``.
+  ``skip(frame)`` is called;
+- the result thread, for every detected frame, in frame order: ``annotate(result)``.
 
-Both return the JSON lines to write, in order: the frame line (detections with ``zones``, ``track_id``,
-``track_age``) and then event lines (``"type": "event"``). With ``tracking.fill_skipped`` a skipped frame
-gets a line of predicted boxes (``"predicted": true``), written after the lines of every earlier frame: at
-once from ``on_skipped`` when no earlier frame is still in the detector, else from the ``on_result`` that
-settles it. Hold ``lock`` while calling and handing the returned lines on (it is an RLock), so lines of one
-stream reach the sinks in frame order from both threads.
+Both return what to write, in order, as typed values (``streamd.analytics.annotations``; the worker's output
+edge, ``streamd.worker.output``, makes the JSON lines): the frame (``AnnotatedFrame``: detections with their
+zones, track id and age) and then its zone events (``FrameEvent``). With ``tracking.fill_skipped`` a skipped
+frame gets an ``AnnotatedFrame`` of predicted boxes, handed back after the outputs of every earlier frame: at
+once from ``skip`` when no earlier frame is still in the detector, else from the ``annotate`` that settles
+it. Hold ``lock`` while calling and handing the outputs on (it is an RLock), so one stream's lines reach the
+sinks in frame order from both threads.
 
 The end of the stream: every track still in a zone gets its ``leave`` (stamped with the stream's last frame),
-so every ``enter`` has a ``leave``. ``end_of_stream()`` is called by the ingest thread once its last frame is
-queued (a file's end, a stream stopped by a reload or a shutdown); the leaves come after the lines of the
-frames still in the detector: at once when none is, else from the ``on_result`` that settles the last one.
-``finish()`` (the pipeline closing, the stream removed) returns whatever is still held, those leaves
+so every ``enter`` has a ``leave``. ``stream_ended()`` is called by the ingest thread once its last frame is
+queued (a file's end, a stream stopped by a reload or a shutdown); the leaves come after the outputs of the
+frames still in the detector: at once when none is, else from the ``annotate`` that settles the last one.
+``flush()`` (the pipeline closing, the stream removed) returns whatever is still held, those leaves
 included, at once. Both are idempotent.
+
+``on_skipped``, ``on_result``, ``end_of_stream`` and ``finish`` are the same four calls returning finished
+JSON lines, for callers that have not moved to the typed ones yet.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -33,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from streamd.analytics.annotations import AnnotatedFrame, Annotations, FrameEvent, Output
 from streamd.analytics.events import ZoneEvent, ZoneEvents
 from streamd.analytics.rate import DetectRate
 from streamd.analytics.tracker import ByteTracker
 from streamd.analytics.zones import ZoneSet
-from streamd.sinks.record import Annotations, event_json_line, to_json_line
 from streamd.types import Detections, Frame, FrameResult
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,15 @@ log = logging.getLogger(__name__)
 def stream_time(frame: Frame) -> float:
     """Seconds on the stream's timeline: the pts, else the arrival time."""
     return frame.pts if frame.pts is not None else frame.wall_time
+
+
+def _without_pixels(frame: Frame) -> Frame:
+    """The frame's stamps only: a held skipped frame must not keep its picture (or decoder surface) alive."""
+    return dataclasses.replace(frame, image=None, surface=None)
+
+
+def _keep(det: Detections, rows: Any) -> Detections:
+    return Detections(det.xyxy[rows], det.score[rows], det.class_id[rows])
 
 
 class StreamAnalytics:
@@ -72,8 +86,8 @@ class StreamAnalytics:
         self._in_flight: collections.deque[int] = collections.deque()  # frames sent to the detector
         self._held: collections.deque[Frame] = collections.deque()  # skipped frames waiting for their turn
         self._checked_size: tuple[int, int] | None = None
-        self._ended = False  # end_of_stream() was called: the zones close once nothing is in flight
-        self._last: tuple[int, float | None, float, int, int] | None = None  # the latest frame, no pixels
+        self._ended = False  # stream_ended() was called: the zones close once nothing is in flight
+        self._last: Frame | None = None  # the latest frame, stamps only
 
     @property
     def active(self) -> bool:
@@ -82,7 +96,7 @@ class StreamAnalytics:
 
     # -- ingest thread ---------------------------------------------------------------------------------------
     def should_detect(self, frame: Frame) -> bool:
-        """True: send the frame to the detector. False: skip it (then call ``on_skipped``)."""
+        """True: send the frame to the detector. False: skip it (then call ``skip``)."""
         with self.lock:
             if self.rate is not None and not self.rate.should_detect(stream_time(frame)):
                 self.skipped += 1
@@ -91,81 +105,88 @@ class StreamAnalytics:
             self._in_flight.append(frame.index)
             return True
 
-    def on_skipped(self, frame: Frame) -> list[str]:
-        """A skipped frame: its predicted line now, or later (``fill_skipped``); nothing otherwise."""
+    def skip(self, frame: Frame) -> list[Output]:
+        """A skipped frame: its predicted boxes now, or later (``fill_skipped``); nothing otherwise."""
         with self.lock:
             self._seen(frame)
             if not self.fill_skipped:
                 return []
-            meta = Frame(
-                frame.stream_id,
-                frame.index,
-                frame.pts,
-                frame.width,
-                frame.height,
-                wall_time=frame.wall_time,
-                t_decoded=frame.t_decoded,
-                decode_ms=frame.decode_ms,
-            )  # fmt: skip  (no pixels kept)
+            meta = _without_pixels(frame)
             if self._in_flight or self._held:
                 self._held.append(meta)
                 return []
-            return [self._predicted_line(meta)]
+            return [self._predicted(meta)]
 
     # -- result thread ---------------------------------------------------------------------------------------
-    def on_result(self, result: FrameResult) -> list[str]:
-        """Lines for a detected frame: held predicted lines of earlier frames, the frame line, its events,
-        then predicted lines of later skipped frames that no longer wait for anything."""
+    def annotate(self, result: FrameResult) -> list[Output]:
+        """Outputs for a detected frame: held predicted frames before it, the frame, its events, then
+        predicted frames of later skipped frames that no longer wait for anything."""
         frame = result.frame
         with self.lock:
             while self._in_flight and self._in_flight[0] <= frame.index:  # lower ones were dropped
                 self._in_flight.popleft()
             self._seen(frame)
-            lines = self._release(before=frame.index)
-            lines += self._frame_lines(result)
-            lines += self._release(before=self._in_flight[0] if self._in_flight else None)
+            out = self._release(before=frame.index)
+            out += self._frame_outputs(result)
+            out += self._release(before=self._in_flight[0] if self._in_flight else None)
             if self._ended and not self._in_flight:
-                lines += self._close_zones()
-            return lines
+                out += self._close_zones()
+            return out
 
     # -- end of the stream -----------------------------------------------------------------------------------
-    def end_of_stream(self) -> list[str]:
+    def stream_ended(self) -> list[Output]:
         """The ingest thread queued the stream's last frame: the zone leaves now if no frame is in the
-        detector (then with any held lines), else nothing (the last ``on_result`` brings them)."""
+        detector (then with any held frames), else nothing (the last ``annotate`` brings them)."""
         with self.lock:
             self._ended = True
             if self._in_flight:
                 return []
             return self._release(before=None) + self._close_zones()
 
-    def finish(self) -> list[str]:
-        """The stream is done with (pipeline closing, stream removed): every line still held (predicted lines
+    def flush(self) -> list[Output]:
+        """The stream is done with (pipeline closing, stream removed): everything still held (predicted frames
         after the last result, the zone leaves of the tracks still inside)."""
         with self.lock:
             self._in_flight.clear()
             return self._release(before=None) + self._close_zones()
 
+    # -- the same calls, as JSON lines -----------------------------------------------------------------------
+    def on_skipped(self, frame: Frame) -> list[str]:
+        return self._lines(self.skip(frame))
+
+    def on_result(self, result: FrameResult) -> list[str]:
+        return self._lines(self.annotate(result))
+
+    def end_of_stream(self) -> list[str]:
+        return self._lines(self.stream_ended())
+
+    def finish(self) -> list[str]:
+        return self._lines(self.flush())
+
+    def _lines(self, outputs: list[Output]) -> list[str]:
+        from streamd.worker.output import encode_all  # transitional: see tests/test_structure.py
+
+        return encode_all(outputs, self.names)
+
     # -- internals -------------------------------------------------------------------------------------------
     def _seen(self, frame: Frame) -> None:
-        if self._last is None or frame.index >= self._last[0]:
-            self._last = (frame.index, frame.pts, frame.wall_time, frame.width, frame.height)
+        if self._last is None or frame.index >= self._last.index:
+            self._last = Frame(
+                self.stream_id, frame.index, frame.pts, frame.width, frame.height, wall_time=frame.wall_time
+            )
 
-    def _close_zones(self) -> list[str]:
+    def _close_zones(self) -> list[Output]:
         """``leave`` for every track still in a zone, at the stream's last frame (nothing the second time)."""
         if self.events is None or self._last is None:
             return []
-        events = self.events.end_all()
-        if not events:
-            return []
-        index, pts, wall_time, width, height = self._last
-        last = Frame(self.stream_id, index, pts, width, height, wall_time=wall_time)
-        return [event_json_line(last, e.event, e.zone, e.track_id, e.class_id, self.names) for e in events]
+        last = self._last
+        return [FrameEvent(last, e) for e in self.events.end_all()]
 
-    def _release(self, before: int | None) -> list[str]:
-        lines = []
+    def _release(self, before: int | None) -> list[Output]:
+        out: list[Output] = []
         while self._held and (before is None or self._held[0].index < before):
-            lines.append(self._predicted_line(self._held.popleft()))
-        return lines
+            out.append(self._predicted(self._held.popleft()))
+        return out
 
     def _check_zones(self, frame: Frame) -> None:
         size = (frame.width, frame.height)
@@ -174,45 +195,49 @@ class StreamAnalytics:
         self._checked_size = size
         outside = self.zones.outside(frame.width, frame.height)
         if outside:
+            where = f"{frame.width}x{frame.height}"
             log.error(
-                "stream %s: zone(s) %s reach outside the %dx%d frame (streams[].zones[].polygon is in source "
+                "stream %s: zone(s) %s reach outside the %s frame (streams[].zones[].polygon is in source "
                 "pixels); detections there can never be inside",
-                self.stream_id, ", ".join(outside), frame.width, frame.height,
-            )  # fmt: skip
+                self.stream_id,
+                ", ".join(outside),
+                where,
+            )
 
-    def _frame_lines(self, result: FrameResult) -> list[str]:
+    def _frame_outputs(self, result: FrameResult) -> list[Output]:
+        """A detected frame: tracks, zones, events; rows no track took (and with ``zones_only``, rows in no
+        zone) are left out."""
         frame, det = result.frame, result.detections
-        notes = Annotations(zone_names=self.zones.names if self.zones is not None else ())
+        track_id = track_age = zones = None
         events: list[ZoneEvent] = []
         ended: list[int] = []
         if self.tracker is not None:
             up = self.tracker.update(det.xyxy, det.score, det.class_id, frame.index, stream_time(frame))
-            notes.track_id, notes.track_age, ended = up.track_id, up.track_age, up.ended
+            track_id, track_age, ended = up.track_id, up.track_age, up.ended
             tracked = up.track_id >= 0
             if not tracked.all():  # low score, continues no track: not written (ByteTrack's output)
-                det = Detections(det.xyxy[tracked], det.score[tracked], det.class_id[tracked])
-                notes.track_id, notes.track_age = up.track_id[tracked], up.track_age[tracked]
-                result = FrameResult(frame, det, result.latency_ms)
+                det, track_id, track_age = _keep(det, tracked), track_id[tracked], track_age[tracked]
         if self.zones is not None:
             self._check_zones(frame)
-            notes.zones = self.zones.membership(det.xyxy, det.class_id, (frame.width, frame.height))
-            if self.events is not None and notes.track_id is not None:
-                events = self.events.update(notes.track_id, det.class_id, notes.zones, stream_time(frame))
+            zones = self.zones.membership(det.xyxy, det.class_id, (frame.width, frame.height))
+            if self.events is not None and track_id is not None:
+                events = self.events.update(track_id, det.class_id, zones, stream_time(frame))
         if self.events is not None:
             events += self.events.end(ended)
-        if self.zones_only and notes.zones is not None:
-            keep = notes.zones.any(axis=1)
+        if self.zones_only and zones is not None:
+            keep = zones.any(axis=1)
             if not keep.all():
-                det = Detections(det.xyxy[keep], det.score[keep], det.class_id[keep])
-                notes.zones = notes.zones[keep]
-                if notes.track_id is not None and notes.track_age is not None:
-                    notes.track_id, notes.track_age = notes.track_id[keep], notes.track_age[keep]
-                result = FrameResult(frame, det, result.latency_ms)
-        lines = [to_json_line(result, self.names, notes)]
-        lines += [event_json_line(frame, e.event, e.zone, e.track_id, e.class_id, self.names) for e in events]
-        return lines
+                det, zones = _keep(det, keep), zones[keep]
+                if track_id is not None and track_age is not None:
+                    track_id, track_age = track_id[keep], track_age[keep]
+        if det is not result.detections:
+            result = FrameResult(frame, det, result.latency_ms)
+        zone_names = self.zones.names if self.zones is not None else ()
+        notes = Annotations(track_id, track_age, zones, zone_names)
+        return [AnnotatedFrame(result, notes), *(FrameEvent(frame, e) for e in events)]
 
-    def _predicted_line(self, frame: Frame) -> str:
+    def _predicted(self, frame: Frame) -> AnnotatedFrame:
+        """The tracks' predicted boxes at a skipped frame, clipped to it."""
         assert self.tracker is not None
         p = self.tracker.predict(frame.index)
         xyxy = p.xyxy.copy()
@@ -220,24 +245,26 @@ class StreamAnalytics:
             np.clip(xyxy[:, 0::2], 0, frame.width, out=xyxy[:, 0::2])
             np.clip(xyxy[:, 1::2], 0, frame.height, out=xyxy[:, 1::2])
         det = Detections(xyxy, p.score, p.class_id)
-        notes = Annotations(track_id=p.track_id, track_age=p.track_age, predicted=True)
+        track_id, track_age, zones = p.track_id, p.track_age, None
+        zone_names: Sequence[str] = ()
         if self.zones is not None:
-            notes.zone_names = self.zones.names
-            notes.zones = self.zones.membership(xyxy, p.class_id, (frame.width, frame.height))
+            zone_names = self.zones.names
+            zones = self.zones.membership(xyxy, p.class_id, (frame.width, frame.height))
             if self.zones_only:
-                keep = notes.zones.any(axis=1)
-                det = Detections(xyxy[keep], p.score[keep], p.class_id[keep])
-                notes.zones, notes.track_id, notes.track_age = (
-                    notes.zones[keep],
-                    p.track_id[keep],
-                    p.track_age[keep],
+                keep = zones.any(axis=1)
+                det, zones, track_id, track_age = (
+                    _keep(det, keep),
+                    zones[keep],
+                    track_id[keep],
+                    track_age[keep],
                 )
         latency = {
             "decode": round(frame.decode_ms, 3),
             "queue": 0.0,
             "total": round((time.perf_counter() - frame.t_decoded) * 1e3 + frame.decode_ms, 3),
         }
-        return to_json_line(FrameResult(frame, det, latency), self.names, notes)
+        notes = Annotations(track_id, track_age, zones, zone_names, predicted=True)
+        return AnnotatedFrame(FrameResult(frame, det, latency), notes)
 
 
 def build_analytics(config: Any) -> dict[str, StreamAnalytics]:

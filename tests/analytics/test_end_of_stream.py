@@ -1,6 +1,6 @@
 """The end of a stream closes its zones: every track still inside gets a ``leave`` (the fields of any other
 leave event, stamped with the stream's last frame) after the lines of every frame still in the detector,
-once. The ingest thread signals the end (``StreamAnalytics.end_of_stream``) when its file ends, so a stream
+once. The ingest thread signals the end (``StreamAnalytics.stream_ended``) when its file ends, so a stream
 that ends while others of the same worker go on gets its leaves then, not when the worker closes."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from streamd.config.coco import COCO_NAMES
 from streamd.config.streams import StreamConfig
 from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
+from streamd.worker.output import encode_all
 from tests.analytics.test_stream_analytics import config, frame, parse, person, result
 from tests.sources.conftest import make_camera_clip
 
@@ -28,6 +29,11 @@ pytest.importorskip("lap")
 
 ALL = {"name": "all", "polygon": [[0, 0], [768, 0], [768, 576], [0, 576]]}
 LEFT = {"name": "left", "polygon": [[0, 0], [384, 0], [384, 576], [0, 576]]}
+
+
+def text(outputs: list) -> list[str]:
+    """Analytics outputs as the JSON lines the worker writes."""
+    return encode_all(outputs, COCO_NAMES)
 
 
 def hook(tmp_path, **stream) -> StreamAnalytics:
@@ -46,23 +52,23 @@ def test_tracks_inside_leave_when_the_stream_ends(tmp_path) -> None:
     lines: list[str] = []
     for t in range(5):  # track 1 in both zones, track 2 in "all" only
         assert a.should_detect(frame(t))
-        lines += a.on_result(result(t, [person(t), [600, 100, 640, 200]]))
-    end = a.end_of_stream()
+        lines += text(a.annotate(result(t, [person(t), [600, 100, 640, 200]])))
+    end = text(a.stream_ended())
     assert events(end) == [("leave", "all", 1, 4), ("leave", "left", 1, 4), ("leave", "all", 2, 4)]
     enter = next(r for r in parse(lines) if r.get("type") == "event")
     leave = parse(end)[0]
     assert set(leave) == set(enter) and leave["pts"] == 0.4 and leave["label"] == "person"
-    assert a.end_of_stream() == [] and a.finish() == []  # once
+    assert text(a.stream_ended()) == [] and text(a.flush()) == []  # once
 
 
 def test_the_leaves_wait_for_the_frames_in_the_detector(tmp_path) -> None:
     a = hook(tmp_path)
     for t in range(4):
         assert a.should_detect(frame(t))
-    out = a.on_result(result(0, [person(0)])) + a.on_result(result(1, [person(1)]))
-    assert a.end_of_stream() == []  # frames 2 and 3 are still being detected
-    out += a.on_result(result(2, [person(2)]))
-    out += a.on_result(result(3, [person(3)]))
+    out = text(a.annotate(result(0, [person(0)]))) + text(a.annotate(result(1, [person(1)])))
+    assert text(a.stream_ended()) == []  # frames 2 and 3 are still being detected
+    out += text(a.annotate(result(2, [person(2)])))
+    out += text(a.annotate(result(3, [person(3)])))
     records = parse(out)
     assert [(r.get("event"), r["frame"]) for r in records] == [
         (None, 0), ("enter", 0), ("enter", 0), (None, 1), (None, 2), (None, 3), ("leave", 3), ("leave", 3)
@@ -74,10 +80,10 @@ def test_a_skipped_last_frame_stamps_the_leave(tmp_path) -> None:
     out: list[str] = []
     for t in range(6):
         if a.should_detect(frame(t)):
-            out += a.on_result(result(t, [person(t)]))
+            out += text(a.annotate(result(t, [person(t)])))
         else:
-            out += a.on_skipped(frame(t))
-    assert events(a.end_of_stream()) == [("leave", "all", 1, 5), ("leave", "left", 1, 5)]
+            out += text(a.skip(frame(t)))
+    assert events(text(a.stream_ended())) == [("leave", "all", 1, 5), ("leave", "left", 1, 5)]
 
 
 def test_finish_closes_the_zones_too(tmp_path) -> None:
@@ -85,9 +91,9 @@ def test_finish_closes_the_zones_too(tmp_path) -> None:
     a = hook(tmp_path)
     a.should_detect(frame(0))
     a.should_detect(frame(1))
-    a.on_result(result(0, [person(0)]))
-    assert events(a.finish()) == [("leave", "all", 1, 0), ("leave", "left", 1, 0)]
-    assert a.end_of_stream() == []
+    text(a.annotate(result(0, [person(0)])))
+    assert events(text(a.flush())) == [("leave", "all", 1, 0), ("leave", "left", 1, 0)]
+    assert text(a.stream_ended()) == []
 
 
 def test_the_ingest_thread_signals_the_end_of_its_file(tmp_path) -> None:
@@ -106,7 +112,7 @@ def test_the_ingest_thread_signals_the_end_of_its_file(tmp_path) -> None:
         while (batch := batcher.next_batch(threading.Event())) is not None:
             for f in batch:  # the synthetic result of frame f.index (pts index / 10, as the 10 fps clip's)
                 with a.lock:
-                    written.extend(a.on_result(result(f.index, [person(f.index)])))
+                    written.extend(text(a.annotate(result(f.index, [person(f.index)]))))
 
     thread = threading.Thread(target=detector)
     thread.start()

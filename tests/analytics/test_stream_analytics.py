@@ -1,4 +1,4 @@
-"""StreamAnalytics: the narrow per-stream API (should_detect / on_skipped / on_result / finish), line order
+"""StreamAnalytics: the narrow per-stream API (should_detect / skip / annotate / flush), line order
 with fill_skipped, zones_only, the JSON Schema of both line types, and the ingest hook (skips counted, GPU
 surfaces released at once)."""
 
@@ -15,10 +15,16 @@ from streamd.analytics.stream import StreamAnalytics, build_analytics
 from streamd.config import parse_config
 from streamd.config.coco import COCO_NAMES
 from streamd.types import Detections, Frame, FrameResult
+from streamd.worker.output import encode_all
 from tests.conftest import SCHEMA
 
 pytest.importorskip("lap")
 VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+
+
+def text(outputs: list) -> list[str]:
+    """Analytics outputs as the JSON lines the worker writes."""
+    return encode_all(outputs, COCO_NAMES)
 
 
 def config(tmp_path, **stream):
@@ -62,11 +68,11 @@ def test_fill_skipped_lines_in_frame_order_whatever_the_timing(tmp_path):
         if a.should_detect(frame(i)):
             assert i % 2 == 0
         else:
-            out += a.on_skipped(frame(i))
+            out += text(a.skip(frame(i)))
     assert out == [] and a.skipped == 3 and a.detected == 3
     for i in (0, 2, 4):
-        out += a.on_result(result(i, [person(i)]))
-    out += a.finish()
+        out += text(a.annotate(result(i, [person(i)])))
+    out += text(a.flush())
     records = parse(out)
     assert [r["frame"] for r in records] == [0, 1, 2, 3, 4, 5]
     assert [r.get("predicted", False) for r in records] == [False, True, False, True, False, True]
@@ -75,9 +81,9 @@ def test_fill_skipped_lines_in_frame_order_whatever_the_timing(tmp_path):
     assert [r["detections"][0]["track_age"] for r in records] == [0, 1, 2, 3, 4, 5]
     # Nothing in flight: a skipped frame's line comes at once.
     assert a.should_detect(frame(6))
-    out = a.on_result(result(6, [person(6)]))
+    out = text(a.annotate(result(6, [person(6)])))
     assert not a.should_detect(frame(7))
-    (line,) = a.on_skipped(frame(7))
+    (line,) = text(a.skip(frame(7)))
     assert json.loads(line)["frame"] == 7 and json.loads(line)["predicted"] is True
 
 
@@ -86,10 +92,11 @@ def test_dropped_frame_does_not_hold_lines_forever(tmp_path):
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
     for i in range(5):
         if not a.should_detect(frame(i)):
-            assert a.on_skipped(frame(i)) == []
+            assert text(a.skip(frame(i))) == []
     # frame 2 was dropped by a live queue: the result of 4 settles 1 and 3
     frames = [
-        r["frame"] for r in parse(a.on_result(result(0, [person(0)])) + a.on_result(result(4, [person(4)])))
+        r["frame"]
+        for r in parse(text(a.annotate(result(0, [person(0)]))) + text(a.annotate(result(4, [person(4)]))))
     ]
     assert frames == [0, 1, 3, 4]
 
@@ -100,7 +107,7 @@ def test_zones_events_and_zones_only(tmp_path):
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
     lines: list[str] = []
     for t in range(20):  # walks from x=100 to x=480: leaves the left half at t ~ 14
-        lines += a.on_result(result(t, [person(t, 20), [600, 100, 640, 200]]))
+        lines += text(a.annotate(result(t, [person(t, 20), [600, 100, 640, 200]])))
     records = parse(lines)
     frames = [r for r in records if "type" not in r]
     events = [r for r in records if r.get("type") == "event"]
@@ -118,9 +125,9 @@ def test_leave_when_a_track_ends_inside(tmp_path):
     zone = {"name": "all", "polygon": [[0, 0], [768, 0], [768, 576], [0, 576]]}
     cfg = config(tmp_path, zones=[zone])
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
-    lines = a.on_result(result(0, [person(0)]))
+    lines = text(a.annotate(result(0, [person(0)])))
     for t in range(1, 15):
-        lines += a.on_result(result(t, []))
+        lines += text(a.annotate(result(t, [])))
     events = [r for r in parse(lines) if r.get("type") == "event"]
     assert [(e["event"], e["frame"]) for e in events] == [("enter", 0), ("leave", 11)]
 
@@ -128,9 +135,9 @@ def test_leave_when_a_track_ends_inside(tmp_path):
 def test_detections_that_no_track_takes_are_not_written(tmp_path):
     cfg = config(tmp_path, tracking={"new_track_score": 0.5, "high_score": 0.5})
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
-    (first,) = parse(a.on_result(result(0, [person(0), [600, 100, 640, 200]], [0.9, 0.3])))
+    (first,) = parse(text(a.annotate(result(0, [person(0), [600, 100, 640, 200]], [0.9, 0.3]))))
     assert [d["track_id"] for d in first["detections"]] == [1]
-    (second,) = parse(a.on_result(result(1, [person(1)], [0.3])))  # low score, continues track 1
+    (second,) = parse(text(a.annotate(result(1, [person(1)], [0.3]))))  # low score, continues track 1
     assert [(d["track_id"], d["score"]) for d in second["detections"]] == [(1, 0.3)]
 
 
@@ -183,6 +190,6 @@ def test_zone_outside_the_frame_is_reported_once(tmp_path, caplog):
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
     with caplog.at_level("ERROR", logger="streamd.analytics"):
         for t in range(3):
-            parse(a.on_result(result(t, [person(t)])))
+            parse(text(a.annotate(result(t, [person(t)]))))
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "far" in errors[0] and "768x576" in errors[0], errors

@@ -17,11 +17,17 @@ from streamd.analytics.events import ZoneEvents
 from streamd.analytics.stream import StreamAnalytics
 from streamd.analytics.zones import ZoneSet, reach_border
 from streamd.config.coco import COCO_NAMES
+from streamd.worker.output import encode_all
 from tests.analytics.test_stream_analytics import config, parse, result
 
 pytest.importorskip("lap")
 
 LEFT = {"name": "left", "polygon": [[0, 0], [384, 0], [384, 576], [0, 576]]}  # to the frame's border
+
+
+def text(outputs: list) -> list[str]:
+    """Analytics outputs as the JSON lines the worker writes."""
+    return encode_all(outputs, COCO_NAMES)
 
 
 def run(
@@ -32,7 +38,7 @@ def run(
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
     lines: list[str] = []
     for i, box in enumerate(track):
-        lines += a.on_result(result(i, [box]))
+        lines += text(a.annotate(result(i, [box])))
     records = parse(lines)
     frames = [r for r in records if "type" not in r]
     events = [(r["event"], r["zone"], r["frame"]) for r in records if r.get("type") == "event"]
