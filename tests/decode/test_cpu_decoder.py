@@ -20,13 +20,13 @@ import pytest
 
 from streamd.ingest.decode import DecodeError, close_later, create_decoder, wait_closed
 from streamd.ingest.decode.cpu import CpuDecoder
-from streamd.ingest.sources import Packet, available_backends, demuxer_class
+from streamd.ingest.sources import DemuxOptions, Packet, available_backends, demuxer_class
 from streamd.ingest.sources.base import VideoInfo
 from tests.sources.conftest import CLIP, CLIP_HEVC
 
 
 def decode_all(clip, backend: str, annexb: bool, **kw):
-    dmx = demuxer_class(backend)(str(clip), annexb=annexb)
+    dmx = demuxer_class(backend)(str(clip), DemuxOptions(annexb=annexb))
     dec = CpuDecoder(dmx.info, **kw)
     pics = [p for pkt in dmx.packets() for p in dec.decode(pkt)] + dec.flush()
     dmx.close()
@@ -64,7 +64,7 @@ def test_opencv_luma_reference_equals_cpu_decoder(clip) -> None:
 def test_corrupt_packet_is_skipped_and_counted_and_the_decoder_goes_on(annexb: bool) -> None:
     """2000 random bytes inside an H.264 slice: FFmpeg conceals it and flags the picture corrupt; we skip
     and count it. (FFmpeg's HEVC decoder does not flag such damage; NVDEC reports none either.)"""
-    dmx = demuxer_class("pyav")(str(CLIP), annexb=annexb)
+    dmx = demuxer_class("pyav")(str(CLIP), DemuxOptions(annexb=annexb))
     packets = list(dmx.packets())[:40]
     damaged = packets[3].view().copy()
     damaged[7000:9000] = np.random.default_rng(3).integers(0, 256, 2000, dtype=np.uint8)
@@ -91,7 +91,7 @@ def test_unknown_codec_and_decoder_names() -> None:
 
 def test_importing_streamd_needs_no_gpu_packages() -> None:
     code = (
-        "import sys, streamd, streamd.ingest.decode.nvdec, streamd.ingest.stream\n"
+        "import sys, streamd, streamd.ingest.decode.nvdec, streamd.ingest.reader\n"
         "import streamd.ingest.sources.opencv\n"
         "gpu = ('PyNvVideoCodec', 'cuda', 'cuda.bindings', 'torch', 'tensorrt')\n"
         "bad = [m for m in gpu if m in sys.modules]\n"

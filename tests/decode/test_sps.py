@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamd.ingest.decode.nvdec import find_sps
-from streamd.ingest.sources import demuxer_class
+from streamd.ingest.sources import DemuxOptions, demuxer_class
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def sps_of(path: Path, codec: str) -> list[bytes]:
-    dmx = demuxer_class("auto")(str(path), annexb=True)
+    dmx = demuxer_class("auto")(str(path), DemuxOptions(annexb=True))
     try:
         return [s for p in dmx.packets() if (s := find_sps(p.view(), codec)) is not None]
     finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.ingest.stream import StreamWorker
+from streamd.ingest.reader import StreamReader
 from streamd.pipeline.batcher import Batcher
 
 HERE = Path(__file__).resolve().parent
@@ -250,14 +250,14 @@ class Pipeline:
         self.work_s = work_s  # simulated processing time per frame (a detector)
         self.stop = threading.Event()
         self.capacity = capacity
-        self.workers: dict[str, StreamWorker] = {}
+        self.workers: dict[str, StreamReader] = {}
         self.seen: dict[str, Seen] = {}
         self._consumer_stop = threading.Event()
         self._consumer = threading.Thread(target=self._consume, daemon=True)
 
-    def add(self, cfg: StreamConfig, policy: str = "latest", **kw) -> StreamWorker:
+    def add(self, cfg: StreamConfig, policy: str = "latest", **kw) -> StreamReader:
         q = self.batcher.add_stream(cfg.id, self.capacity, policy)
-        worker = StreamWorker(cfg, q, self.stop, **kw)
+        worker = StreamReader(cfg, q, self.stop, **kw)
         self.workers[cfg.id] = worker
         self.seen[cfg.id] = Seen()
         return worker

@@ -1,5 +1,5 @@
-"""A GPU with no room for another hardware decoder (NVDEC's session creation fails, as past ~268 1080p
-decoders on the H200): the stream waits with backoff and opens again, the others never notice."""
+"""A GPU with no room for another hardware decoder (NVDEC's session creation fails once the GPU holds as many
+as it can, bench/RESULTS.md): the stream waits with backoff and opens again, the others never notice."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import time
 
 from streamd.config.streams import StreamConfig
-from streamd.ingest import stream as ingest
+from streamd.ingest import decoder_slot
 from streamd.ingest.decode import DecoderFull, wait_closed
 from tests.sources.conftest import CLIP
 
@@ -36,7 +36,7 @@ class _NoRoom:
 
 
 def test_a_stream_without_a_decoder_waits_and_the_others_go_on(pipeline, monkeypatch, caplog) -> None:
-    real = ingest.create_decoder
+    real = decoder_slot.create_decoder
     refused: list[_NoRoom] = []
 
     def create(kind, info, **kw):
@@ -45,7 +45,7 @@ def test_a_stream_without_a_decoder_waits_and_the_others_go_on(pipeline, monkeyp
             return refused[-1]
         return real(kind, info, **kw)
 
-    monkeypatch.setattr(ingest, "create_decoder", create)
+    monkeypatch.setattr(decoder_slot, "create_decoder", create)
     pipe = pipeline(capacity=2)
     cfg = StreamConfig(id="full", url=str(CLIP), reconnect_initial_s=0.3, reconnect_max_s=0.6)
     full = pipe.add(cfg, policy="block", decoder_options={"_stream": "full"})
@@ -67,7 +67,7 @@ def test_a_stream_without_a_decoder_waits_and_the_others_go_on(pipeline, monkeyp
 
 
 def test_stop_during_the_wait_ends_the_stream_at_once(pipeline, monkeypatch) -> None:
-    monkeypatch.setattr(ingest, "create_decoder", lambda kind, info, **kw: _NoRoom())
+    monkeypatch.setattr(decoder_slot, "create_decoder", lambda kind, info, **kw: _NoRoom())
     pipe = pipeline(capacity=2)
     cfg = StreamConfig(id="full", url=str(CLIP), reconnect_initial_s=30.0, reconnect_max_s=60.0)
     full = pipe.add(cfg, policy="block")
@@ -80,12 +80,13 @@ def test_stop_during_the_wait_ends_the_stream_at_once(pipeline, monkeypatch) -> 
 
 
 def test_the_first_wait_for_a_decoder_is_long(pipeline, monkeypatch, caplog) -> None:
-    """Decoders free up only when other streams end: the first retry waits ingest.DECODER_WAIT_S (5 s, less
+    """Decoders free up only when other streams end: the first retry waits DECODER_WAIT_S (5 s, less
     up to 20 % jitter), not reconnect_initial_s (0.5 s), so many waiting streams do not storm the GPU."""
-    monkeypatch.setattr(ingest, "create_decoder", lambda kind, info, **kw: _NoRoom())
+    monkeypatch.setattr(decoder_slot, "create_decoder", lambda kind, info, **kw: _NoRoom())
     caplog.set_level(logging.WARNING, logger="streamd.ingest.stream")
     pipe = pipeline(capacity=2)
-    # its own id: ingest's warnings are rate-limited per stream (3 per 10 s), the tests above used "full"
+    # its own id: the stream thread's warnings are rate-limited per stream (3 per 10 s); the tests above
+    # used "full"
     cfg = StreamConfig(id="waits-5s", url=str(CLIP), reconnect_initial_s=0.5, reconnect_max_s=30.0)
     full = pipe.add(cfg, policy="block")
     pipe.start()
@@ -95,6 +96,6 @@ def test_the_first_wait_for_a_decoder_is_long(pipeline, monkeypatch, caplog) -> 
 
     assert pipe.wait_until(lambda: bool(waits()), 10), full.stats
     delay = float(waits()[0].split("trying again in ")[1].split(" s")[0])
-    assert ingest.DECODER_WAIT_S * 0.8 <= delay <= ingest.DECODER_WAIT_S
+    assert decoder_slot.DECODER_WAIT_S * 0.8 <= delay <= decoder_slot.DECODER_WAIT_S
     pipe.stop.set()
     assert full.join(5)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamd.config.streams import StreamConfig
-from streamd.ingest.sources import SourceError, available_backends, demuxer_class, open_stream
+from streamd.ingest.sources import DemuxOptions, SourceError, available_backends, demuxer_class, open_stream
 from streamd.ingest.sources.base import nal_types, to_annexb_extradata
 from streamd.ingest.sources.file import Pacer
 from tests.sources.conftest import CLIP, CLIP_HEVC, ffprobe_pts
@@ -21,7 +21,7 @@ BACKENDS = available_backends()
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("clip", "codec", "count"), [(CLIP, "h264", 795), (CLIP_HEVC, "hevc", 100)])
 def test_packets_are_annexb_with_parameter_sets_before_the_key_frame(backend, clip, codec, count) -> None:
-    dmx = demuxer_class(backend)(str(clip), annexb=True)
+    dmx = demuxer_class(backend)(str(clip), DemuxOptions(annexb=True))
     info = dmx.info
     assert (info.codec, info.width, info.height, info.fps, info.annexb) == (codec, 768, 576, 10.0, True)
     packets = list(dmx.packets())
@@ -58,7 +58,7 @@ def test_extradata_conversion_leaves_annexb_and_junk_alone() -> None:
 def test_missing_file_is_a_source_error(backend, tmp_path: Path) -> None:
     cfg = StreamConfig(id="x", url=str(tmp_path / "nope.mp4"))
     with pytest.raises(SourceError, match="no such file"):
-        open_stream(cfg, backend=backend)
+        open_stream(cfg, DemuxOptions.for_stream(cfg, backend=backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -77,7 +77,7 @@ def test_whole_file_as_fast_as_possible(pipeline, backend) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("clip", [CLIP, CLIP_HEVC])
 def test_pts_equal_ffprobe_for_every_frame(pipeline, backend, clip) -> None:
-    """Acceptance (issue 12): a file's pts are ffprobe's pts_time, frame for frame."""
+    """A file's pts are ffprobe's pts_time, frame for frame."""
     expected = ffprobe_pts(clip)
     pipe = pipeline(capacity=8)
     worker = pipe.add(StreamConfig(id="f", url=str(clip)), policy="block", demux=backend)
@@ -97,7 +97,7 @@ def test_loop_continues_indices_and_timestamps(pipeline) -> None:
     pts = [f[1] for f in frames]
     assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in itertools.pairwise(pts))
     assert worker.stats.state == "ended"
-    # issue 8: a loop pass flushes the decoder (every picture out) and keeps it, no new decoder per pass
+    # a loop pass flushes the decoder (every picture out) and keeps it, no new decoder per pass
     assert worker.stats.opens >= 3 and worker.stats.decoders_created == 1
 
 

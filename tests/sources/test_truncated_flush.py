@@ -26,8 +26,8 @@ import pytest
 from streamd.config import load_config
 from streamd.config.streams import StreamConfig
 from streamd.ingest.decode import DecodedPicture
+from streamd.ingest.reader import StreamReader
 from streamd.ingest.sources import Packet, SourceError, VideoInfo, available_backends
-from streamd.ingest.stream import StreamWorker
 from streamd.pipeline.batcher import Batcher
 from streamd.supervisor import Supervisor
 from tests.conftest import MODEL
@@ -227,14 +227,14 @@ class _ReorderingDecoder:
 
 
 def test_a_read_error_flushes_whatever_decoder_the_stream_has(monkeypatch) -> None:
-    """The flush at a cut is the stream worker's, not the CPU decoder's: an NVDEC stream (here a stand-in
+    """The flush at a cut is the stream reader's, not the CPU decoder's: an NVDEC stream (here a stand-in
     with the same interface) gets its held pictures out the same way."""
     decoder = _ReorderingDecoder(depth=3)
-    monkeypatch.setattr("streamd.ingest.stream.open_stream", lambda *a, **k: _CutDemuxer(20))
-    monkeypatch.setattr("streamd.ingest.stream.create_decoder", lambda *a, **k: decoder)
+    monkeypatch.setattr("streamd.ingest.reader.open_stream", lambda *a, **k: _CutDemuxer(20))
+    monkeypatch.setattr("streamd.ingest.decoder_slot.create_decoder", lambda *a, **k: decoder)
     batcher = Batcher(8, 0.01)
     queue = batcher.add_stream("n", 64, "block")
-    worker = StreamWorker(
+    worker = StreamReader(
         StreamConfig(id="n", url="/nonexistent.mp4"), queue, threading.Event(), decoder="nvdec"
     )
     worker.start()

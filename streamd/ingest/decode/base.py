@@ -46,7 +46,7 @@ class DecodedPicture:
 class DecoderFull(DecodeError):
     """The GPU has no room for another hardware decoder (NVDEC's session could not be created). Not the
     packet's fault: the stream gives its decoder up and tries again later, with backoff, instead of failing
-    on every packet (on the H200 about 268 1080p H.264 decoders fit at once, bench/RESULTS.md).
+    on every packet (how many decoders fit on a GPU: bench/RESULTS.md).
     ``pictures``: what the decoder still gave before it failed (the old sequence's, at a format change)."""
 
     def __init__(self, message: str, pictures: list[DecodedPicture] | None = None) -> None:

@@ -27,13 +27,13 @@ Design
   B-frames keeps NATIVE (the least delay its reordering allows). Files read as fast as possible keep NATIVE.
 - Reuse: :meth:`NvdecDecoder.flush` (end of a file pass or a live session) sends ENDOFSTREAM, so every
   picture is delivered, and the same PyNvVideoCodec decoder then goes on with the next pass or session
-  (parameter sets sent again in front); :meth:`NvdecDecoder.restart` tells the stream worker whether the
-  next pass/session has the same format. Creating and destroying decoders holds the GIL inside
-  PyNvVideoCodec (its destructor runs under pybind11), which stalled every other stream at each loop pass;
-  now a decoder is only replaced when the SPS changes, and the replaced one is destroyed on a background
-  thread (:func:`streamd.ingest.decode.base.close_later`).
-- A full GPU: NVDEC holds a limited number of decoders at once (on the H200 about 268 of 1080p H.264, in 8
-  processes: 33-34 each; ``tools/nvdec_sessions.py``). PyNvVideoCodec creates the session at the first SPS,
+  (parameter sets sent again in front); :meth:`NvdecDecoder.restart` tells the stream's decoder slot
+  (``streamd.ingest.decoder_slot``) whether the next pass/session has the same format. Creating and
+  destroying decoders holds the GIL inside PyNvVideoCodec (its destructor runs under pybind11), which would
+  stall every other stream at each loop pass; so a decoder is only replaced when the SPS changes, and the
+  replaced one is destroyed on a background thread (:func:`streamd.ingest.decode.base.close_later`).
+- A full GPU: NVDEC holds a limited number of decoders at once (how many: bench/RESULTS.md, measured with
+  ``tools/nvdec_sessions.py``). PyNvVideoCodec creates the session at the first SPS,
   inside ``Decode()``; when ``cuvidCreateDecoder`` fails there with error 2 (out of memory), that is
   :class:`DecoderFull` (not a corrupt packet; no recreation with a larger size; the pictures decoded before
   go with it): the stream gives the decoder up and tries again later with backoff.

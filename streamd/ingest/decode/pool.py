@@ -185,9 +185,15 @@ class Nv12Lease:  # the lease (lifetime, events) of one pooled picture; its pixe
     def planes(self) -> Nv12Surface:
         """Where the pixels are, as the kernels read them (``streamd.types.Nv12Surface``: one NV12 type)."""
         return Nv12Surface(
-            self.luma_ptr, self.chroma_ptr, self.width, self.height, self.pitch, self.pitch,
-            self.color_matrix, self.full_range,
-        )  # fmt: skip
+            self.luma_ptr,
+            self.chroma_ptr,
+            self.width,
+            self.height,
+            self.pitch,
+            self.pitch,
+            self.color_matrix,
+            self.full_range,
+        )
 
     @property
     def released(self) -> bool:

@@ -1,11 +1,12 @@
-"""The demux backends (``pyav``, ``opencv``): which are installed, the default one, a backend's class."""
+"""The demux backends (``pyav``, ``opencv``): which are installed, the default one, a backend's class, and
+opening an input through one."""
 
 from __future__ import annotations
 
 import importlib.util
 from typing import Any
 
-from streamd.ingest.sources.base import SourceError
+from streamd.ingest.sources.base import Demuxer, DemuxOptions, SourceError
 
 BACKENDS = ("pyav", "opencv")
 
@@ -35,3 +36,9 @@ def demuxer_class(backend: str = "auto") -> Any:
 
         return OpenCVDemuxer
     raise ValueError(f"demux backend: expected one of {', '.join(('auto', *BACKENDS))}, got {backend!r}")
+
+
+def open_demuxer(url: str, options: DemuxOptions, ffmpeg_options: dict[str, str] | None = None) -> Demuxer:
+    """Open ``url`` (a file path or an rtsp:// URL) with ``options.backend``; ``ffmpeg_options`` go to
+    FFmpeg's demuxer (the RTSP transport and probe size). Raises SourceError, credentials redacted."""
+    return demuxer_class(options.backend)(url, options, ffmpeg_options=ffmpeg_options)

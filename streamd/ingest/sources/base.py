@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from streamd.config.streams import redact_url
+from streamd.config.streams import StreamConfig, redact_url
 
 START_CODE = b"\x00\x00\x00\x01"
 ANNEXB_CODECS = ("h264", "hevc")
@@ -34,6 +34,38 @@ class SourceTimeout(SourceError):
 
 class SourceEnded(SourceError):
     """A live source closed the connection (server gone); a file reports its end by ending ``packets()``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemuxOptions:
+    """How an input is opened and read; every demuxer takes the same options.
+
+    ``backend``: ``pyav``, ``opencv`` or ``auto`` (:func:`~.backends.default_backend`). ``annexb``: packets
+    and extradata as Annex-B byte streams (what NVDEC takes). ``open_timeout_s`` and ``read_timeout_s``
+    bound every open and every read; ``read_timeout_key`` is the config key the read timeout came from,
+    named in timeout messages. ``transport`` (RTSP only): ``tcp`` or ``udp``.
+    """
+
+    backend: str = "auto"
+    annexb: bool = False
+    open_timeout_s: float = 10.0
+    read_timeout_s: float = 5.0
+    read_timeout_key: str = "read_timeout_s"
+    transport: str = "tcp"
+
+    @classmethod
+    def for_stream(cls, cfg: StreamConfig, *, backend: str = "auto", annexb: bool = False) -> DemuxOptions:
+        """The configured stream's timeouts and transport. A read gives up at ``stall_timeout_s`` when that is
+        the shorter one (a read that blocks that long is a stall), and its message then names that key."""
+        stall_first = cfg.stall_timeout_s < cfg.read_timeout_s
+        return cls(
+            backend=backend,
+            annexb=annexb,
+            open_timeout_s=cfg.open_timeout_s,
+            read_timeout_s=min(cfg.read_timeout_s, cfg.stall_timeout_s),
+            read_timeout_key="stall_timeout_s" if stall_first else "read_timeout_s",
+            transport=cfg.transport,
+        )
 
 
 @dataclass(frozen=True, slots=True)

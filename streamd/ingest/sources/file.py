@@ -6,20 +6,12 @@ import threading
 import time
 from pathlib import Path
 
-from streamd.ingest.sources.base import Demuxer, SourceError
+from streamd.ingest.sources.base import Demuxer, DemuxOptions, SourceError
 
 
-def open_file(
-    path: Path,
-    *,
-    open_timeout_s: float = 10.0,
-    read_timeout_s: float = 5.0,
-    read_timeout_key: str = "read_timeout_s",
-    annexb: bool = False,
-    backend: str = "auto",
-) -> Demuxer:
+def open_file(path: Path, options: DemuxOptions) -> Demuxer:
     """Open a video file; raises SourceError when it is missing, unreadable or has no video stream."""
-    from streamd.ingest.sources.backends import demuxer_class
+    from streamd.ingest.sources.backends import open_demuxer
     from streamd.ingest.sources.errors import file_problem
 
     problem = file_problem(str(path))
@@ -27,14 +19,7 @@ def open_file(
         problem = "not a regular file"
     if problem:
         raise SourceError(f"cannot open: {problem}")
-    cls = demuxer_class(backend)
-    return cls(
-        str(path),
-        open_timeout_s=open_timeout_s,
-        read_timeout_s=read_timeout_s,
-        read_timeout_key=read_timeout_key,
-        annexb=annexb,
-    )
+    return open_demuxer(str(path), options)
 
 
 class Pacer:

@@ -31,6 +31,7 @@ import numpy as np
 from streamd.ingest.sources.base import (
     ANNEXB_CODECS,
     AccessUnits,
+    DemuxOptions,
     Packet,
     SourceError,
     SourceTimeout,
@@ -120,23 +121,19 @@ class OpenCVDemuxer:
     def __init__(
         self,
         url: str,
+        options: DemuxOptions | None = None,
         *,
-        options: dict[str, str] | None = None,
-        open_timeout_s: float = 10.0,
-        read_timeout_s: float = 5.0,
-        annexb: bool = True,
-        read_timeout_key: str = "read_timeout_s",
+        ffmpeg_options: dict[str, str] | None = None,
     ) -> None:
-        del annexb  # OpenCV's raw mode always gives Annex-B for H.264/HEVC
+        # options.annexb is not needed: OpenCV's raw mode always gives Annex-B for H.264/HEVC
+        options = options or DemuxOptions()
         self._url = url
-        self._read_timeout_s = read_timeout_s
-        self._read_timeout_key = read_timeout_key  # the config key the read timeout came from, for messages
+        self._options = options
         self._frame_count = 0
-        env = "|".join(f"{k};{v}" for k, v in (options or {}).items())
-        params = [
-            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, max(1, round(open_timeout_s * 1000)),
-            cv2.CAP_PROP_READ_TIMEOUT_MSEC, max(1, round(read_timeout_s * 1000)),
-        ]  # fmt: skip
+        open_timeout_s = options.open_timeout_s
+        env = "|".join(f"{k};{v}" for k, v in (ffmpeg_options or {}).items())
+        ms = (max(1, round(open_timeout_s * 1000)), max(1, round(options.read_timeout_s * 1000)))
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms[0], cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms[1]]
         started = time.monotonic()
         with _capture_options(env, open_timeout_s):
             cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
@@ -180,25 +177,24 @@ class OpenCVDemuxer:
         units = AccessUnits(self.info.codec)  # parameter sets that come alone go in front of the picture
         clock = _SourceTime(self.info.fps)
         silent_since = time.monotonic()
+        read_timeout_s = self._options.read_timeout_s
         while True:
             started = time.monotonic()
             if not cap.grab():
                 now = time.monotonic()
-                if now - started >= 0.95 * self._read_timeout_s:
-                    yield from self._units(units, clock.flush())
-                    yield from units.flush()  # the last whole picture before the failure
+                yield from self._units(units, clock.flush())
+                yield from units.flush()  # the last whole picture before the end or the failure
+                if now - started >= 0.95 * read_timeout_s:
                     raise SourceTimeout(
                         f"read error: no packet for {now - silent_since:.1f} s "
-                        f"({self._read_timeout_key} {self._read_timeout_s:g} s)"
+                        f"({self._options.read_timeout_key} {read_timeout_s:g} s)"
                     )
-                yield from self._units(units, clock.flush())
-                yield from units.flush()
                 if 0 < count < self._frame_count and not self._url.lower().startswith(("rtsp:", "rtsps:")):
                     raise SourceError(
                         f"input ended after {count} of {self._frame_count} packets (truncated?)"
                     )
                 return
-            if time.monotonic() - started < 0.95 * self._read_timeout_s:
+            if time.monotonic() - started < 0.95 * read_timeout_s:
                 silent_since = started  # fresh data (a packet released by a timed-out read is not)
             ok, data = cap.retrieve()
             if not ok or data is None or not data.size:

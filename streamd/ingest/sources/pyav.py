@@ -18,6 +18,7 @@ import numpy as np
 from streamd.ingest.sources.base import (
     ANNEXB_CODECS,
     AccessUnits,
+    DemuxOptions,
     Packet,
     SourceError,
     SourceTimeout,
@@ -64,21 +65,19 @@ class PyAVDemuxer:
     def __init__(
         self,
         url: str,
+        options: DemuxOptions | None = None,
         *,
-        options: dict[str, str] | None = None,
-        open_timeout_s: float = 10.0,
-        read_timeout_s: float = 5.0,
-        annexb: bool = False,
-        read_timeout_key: str = "read_timeout_s",
+        ffmpeg_options: dict[str, str] | None = None,
     ) -> None:
+        options = options or DemuxOptions()
         self._url = url
-        self._read_timeout_s = read_timeout_s
-        self._read_timeout_key = read_timeout_key  # the config key the read timeout came from, for messages
+        self._options = options
+        timeouts = (options.open_timeout_s, options.read_timeout_s)
         started = time.monotonic()
         try:
-            self._container = av.open(url, options=options or {}, timeout=(open_timeout_s, read_timeout_s))
+            self._container = av.open(url, options=ffmpeg_options or {}, timeout=timeouts)
         except (av.FFmpegError, OSError) as exc:
-            raise _error("cannot open", exc, url, started, open_timeout_s, "open_timeout_s") from None
+            raise _error("cannot open", exc, url, started, options.open_timeout_s, "open_timeout_s") from None
         try:
             self.stream = self._container.streams.video[0]
         except IndexError:
@@ -89,6 +88,7 @@ class PyAVDemuxer:
         ctx = self.stream.codec_context
         codec = ctx.name
         extradata = bytes(ctx.extradata or b"")
+        annexb = options.annexb
         self._bsf: av.BitStreamFilterContext | None = None
         if annexb and codec in ANNEXB_CODECS and extradata[:1] == b"\x01":  # avcC/hvcC: MP4, MKV
             self._bsf = av.BitStreamFilterContext(f"{codec}_mp4toannexb", self.stream)
@@ -117,7 +117,7 @@ class PyAVDemuxer:
             for pkt in self._container.demux(self.stream):
                 if not pkt.size:  # the empty packet that only signals the end
                     continue
-                if time.monotonic() - started < 0.95 * self._read_timeout_s:
+                if time.monotonic() - started < 0.95 * self._options.read_timeout_s:
                     silent_since = started  # fresh data; a packet that took the whole timeout is one that
                     # FFmpeg's RTSP client released from its reorder buffer when the read timed out
                 count += 1
@@ -129,7 +129,7 @@ class PyAVDemuxer:
                         yield from self._units.push(view, out.pts, bool(out.is_keyframe), out)
                 started = time.monotonic()
         except (av.FFmpegError, OSError) as exc:
-            timeout_s, key = self._read_timeout_s, self._read_timeout_key
+            timeout_s, key = self._options.read_timeout_s, self._options.read_timeout_key
             error = _error("read error", exc, self._url, started, timeout_s, key, silent_since)
             if self._units is not None:
                 yield from self._units.flush()  # the last whole picture before the failure

@@ -7,14 +7,13 @@ would add to every reconnect. Timeouts are the demuxer's (FFmpeg interrupt callb
 ``timeout`` option, whose meaning differs between FFmpeg versions (listen mode in old ones). A read on a hung
 RTSP connection returns within about twice the read timeout (FFmpeg's RTSP client retries once).
 
-Reconnecting (backoff, stall detection) is the stream thread's job (``streamd/ingest/stream.py``): it reopens
-through
-:func:`open_rtsp` after every failure.
+Reconnecting (backoff, stall detection) is the stream thread's job (``streamd/ingest/reader.py``): it reopens
+through :func:`open_rtsp` after every failure.
 """
 
 from __future__ import annotations
 
-from streamd.ingest.sources.base import Demuxer
+from streamd.ingest.sources.base import Demuxer, DemuxOptions
 
 ANALYZE_DURATION_US = 500_000
 PROBE_SIZE = 512 * 1024
@@ -31,25 +30,8 @@ def rtsp_options(transport: str = "tcp") -> dict[str, str]:
     }
 
 
-def open_rtsp(
-    url: str,
-    *,
-    transport: str = "tcp",
-    open_timeout_s: float = 10.0,
-    read_timeout_s: float = 5.0,
-    read_timeout_key: str = "read_timeout_s",
-    annexb: bool = False,
-    backend: str = "auto",
-) -> Demuxer:
+def open_rtsp(url: str, options: DemuxOptions) -> Demuxer:
     """Open one RTSP session; raises SourceError (SourceTimeout: silent server), credentials redacted."""
-    from streamd.ingest.sources.backends import demuxer_class
+    from streamd.ingest.sources.backends import open_demuxer
 
-    cls = demuxer_class(backend)
-    return cls(
-        url,
-        options=rtsp_options(transport),
-        open_timeout_s=open_timeout_s,
-        read_timeout_s=read_timeout_s,
-        read_timeout_key=read_timeout_key,
-        annexb=annexb,
-    )
+    return open_demuxer(url, options, rtsp_options(options.transport))

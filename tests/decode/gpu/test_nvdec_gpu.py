@@ -36,9 +36,9 @@ def reference_luma(path: Path) -> list[np.ndarray]:
     """Y planes of every frame, in display order, from the CPU twin."""
     if importlib.util.find_spec("av") is not None:
         from streamd.ingest.decode.cpu import CpuDecoder
-        from streamd.ingest.sources import demuxer_class
+        from streamd.ingest.sources import DemuxOptions, demuxer_class
 
-        dmx = demuxer_class("pyav")(str(path), annexb=True)
+        dmx = demuxer_class("pyav")(str(path), DemuxOptions(annexb=True))
         dec = CpuDecoder(dmx.info, keep_luma=True)
         out = [p.luma for pkt in dmx.packets() for p in dec.decode(pkt)] + [p.luma for p in dec.flush()]
         dmx.close()
@@ -63,9 +63,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 def nvdec_frames(path: Path, *, hold: bool = False, demux: str = "opencv", **options):
     """Decode with our demuxer + NvdecDecoder; returns (decoder, pictures). Surfaces are held if ``hold``."""
     from streamd.ingest.decode.nvdec import NvdecDecoder
-    from streamd.ingest.sources import demuxer_class
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
 
-    dmx = demuxer_class(demux)(str(path), annexb=True)
+    dmx = demuxer_class(demux)(str(path), DemuxOptions(annexb=True))
     dec = NvdecDecoder(dmx.info, **options)
     pics = [p for pkt in dmx.packets() for p in dec.decode(pkt)] + dec.flush()
     dmx.close()
@@ -141,7 +141,7 @@ def test_resolution_change_mid_stream(tmp_path: Path) -> None:
     dec.close()
 
 
-# --- issue 12 / issue 8: low delay for live streams, one decoder across passes -----------------------------
+# --- low delay for live streams, one decoder across passes --------------------------------------------
 # ipp-*.ts: the first 60 frames of samples/vtest.mp4 scaled to 640x360 / 1920x1080, 30 fps, H.264 without
 # B-frames (x264 veryfast, bframes=0, keyint 30; crf 26 / 30), in MPEG-TS, made with PyAV's libx264 (like a
 # camera). The box has no encoder, so they are committed (105 KB / 262 KB).
@@ -149,19 +149,19 @@ IPP = {
     "640x360": ROOT / "tests" / "decode" / "data" / "ipp-640x360.ts",
     "1920x1080": ROOT / "tests" / "decode" / "data" / "ipp-1920x1080.ts",
 }
-LOW_DELAY_P99_MS = 10.0  # issue 12: a live 1080p30 picture within 10 ms of its packet (p99, whole pipeline)
+LOW_DELAY_P99_MS = 10.0  # a live 1080p30 picture within 10 ms of its packet (p99, whole pipeline)
 
 
 def test_decoder_kept_across_passes_and_every_picture_delivered() -> None:
     """A looping file / reconnecting camera: flush (ENDOFSTREAM) at the end of each pass delivers every
     picture, and the same PyNvVideoCodec decoder decodes the next pass (no teardown, no creation)."""
     from streamd.ingest.decode.nvdec import NvdecDecoder, download_nv12
-    from streamd.ingest.sources import demuxer_class
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
 
     ref = reference_luma(CLIPS["hevc"])
     dec = None
     for n in range(3):
-        dmx = demuxer_class("opencv")(str(CLIPS["hevc"]), annexb=True)
+        dmx = demuxer_class("opencv")(str(CLIPS["hevc"]), DemuxOptions(annexb=True))
         if dec is None:
             dec = NvdecDecoder(dmx.info, pool_size=16)
         else:
@@ -193,10 +193,10 @@ def test_low_delay_gives_each_picture_from_its_own_packet(size: str) -> None:
     import time
 
     from streamd.ingest.decode.nvdec import NvdecDecoder, download_nv12
-    from streamd.ingest.sources import demuxer_class
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
 
     ref = reference_luma(IPP[size])
-    dmx = demuxer_class("opencv")(str(IPP[size]), annexb=True)
+    dmx = demuxer_class("opencv")(str(IPP[size]), DemuxOptions(annexb=True))
     packets = list(dmx.packets())
     dmx.close()
     assert len(packets) == len(ref) == 60
@@ -230,20 +230,20 @@ def test_low_delay_gives_each_picture_from_its_own_packet(size: str) -> None:
 
 
 def test_looping_stream_creates_one_decoder_and_loses_no_frame() -> None:
-    """issue 8: a file loop pass must not tear down / create an NVDEC decoder (that held the GIL and stalled
-    every other stream). StreamWorker on a looping clip: 5 passes, one decoder, frames and pts continuous."""
+    """A file loop pass must not tear down / create an NVDEC decoder (that held the GIL and stalled
+    every other stream). StreamReader on a looping clip: 5 passes, one decoder, frames and pts continuous."""
     import threading
     import time
 
     from streamd.config.streams import StreamConfig
-    from streamd.ingest.stream import StreamWorker
+    from streamd.ingest.reader import StreamReader
     from streamd.pipeline.batcher import Batcher
 
     batcher = Batcher(8, 0.005)
     queue = batcher.add_stream("loop", 4, "block")
     stop = threading.Event()
     cfg = StreamConfig(id="loop", url=str(IPP["640x360"]), loop=True)
-    worker = StreamWorker(
+    worker = StreamReader(
         cfg, queue, stop, decoder="nvdec", demux="opencv", decoder_options={"pool_size": 24}
     )
     worker.start()
@@ -254,7 +254,7 @@ def test_looping_stream_creates_one_decoder_and_loses_no_frame() -> None:
         for f in batch:
             frames.append((f.index, f.pts, time.perf_counter()))
             f.surface.release()
-    decoder = worker._decoder
+    decoder = worker.slot.decoder
     stop.set()
     assert worker.join(10)
     assert worker.stats.decoder == "nvdec" and len(frames) >= 300, worker.stats
