@@ -41,6 +41,7 @@ from streamd.checks.verify import (  # noqa: E402
     create_engine,
     match_detections,
 )
+from streamd.engines.options import EngineOptions  # noqa: E402
 from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec  # noqa: E402
 from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec  # noqa: E402
 
@@ -119,17 +120,10 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as cache:
         for precision in args.precision:
             verify = False if args.no_rewrite else plan
+            options = EngineOptions(max_batch=1, precision=precision, device=device, cache_dir=Path(cache))
             t = time.perf_counter()
             try:
-                engine = create_engine(
-                    "torch",
-                    MODEL,
-                    max_batch=1,
-                    precision=precision,
-                    device=device,
-                    cache_dir=cache,
-                    verify=verify,
-                )
+                engine = create_engine("torch", MODEL, options, verify=verify)
             except Exception as exc:  # the start-up check refusing the engine is a result too
                 print(f"{precision}: engine refused: {exc}")
                 rows.append({"precision": precision, "refused": str(exc)})
@@ -139,15 +133,7 @@ def run(args: argparse.Namespace) -> int:
             v_cold = engine.verification or {}
             engine.close()
             t = time.perf_counter()
-            engine = create_engine(
-                "torch",
-                MODEL,
-                max_batch=1,
-                precision=precision,
-                device=device,
-                cache_dir=cache,
-                verify=verify,
-            )
+            engine = create_engine("torch", MODEL, options, verify=verify)
             warm_s = time.perf_counter() - t
             v_warm = engine.verification or {}
             t = time.perf_counter()

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from streamd.engines.options import EngineOptions
     from streamd.engines.torch import TorchEngine
 
     if not torch.cuda.is_available():
@@ -119,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(label: str, precision: str, graph_modes: list[bool], **engine_kw) -> None:
         t0 = time.perf_counter()
-        engine = TorchEngine(
-            MODEL, max_batch=top, precision=precision, device=0, cuda_graphs=True, **engine_kw
-        )
+        options = EngineOptions(max_batch=top, precision=precision, device=0, cuda_graphs=True, **engine_kw)
+        engine = TorchEngine(MODEL, options)
         load_s = time.perf_counter() - t0
         y = torch.empty((top, *engine.output_shape[1:]), device="cuda")
         for graphs in graph_modes:  # eager first: no graph exists yet for any key

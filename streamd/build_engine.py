@@ -58,9 +58,10 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
     cache_dir = args.cache_dir or getattr(engine_cfg, "cache_dir", None)
     kind = getattr(engine_cfg, "type", "auto")
     if kind not in ("auto", "tensorrt"):
-        print(f"streamd build-engine: note: engine.type is {kind!r}; the daemon will not use this engine",
-              file=sys.stderr)  # fmt: skip
+        note = f"engine.type is {kind!r}; the daemon will not use this engine"
+        print(f"streamd build-engine: note: {note}", file=sys.stderr)
 
+    from streamd.engines.options import EngineOptions
     from streamd.engines.progress import BuildProgress
     from streamd.engines.tensorrt import TensorRTEngine, load_tensorrt
 
@@ -81,8 +82,7 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
     )
     progress = BuildProgress(sys.stderr, cancel)
     try:
-        engine = TensorRTEngine(
-            Path(model),
+        options = EngineOptions(
             max_batch=max_batch,
             precision=precision,
             device=device,
@@ -94,6 +94,7 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
             progress=progress,
             cancel=cancel,
         )
+        engine = TensorRTEngine(Path(model), options)
     except EngineError as exc:
         if cancel.is_set():
             print("streamd build-engine: cancelled", file=sys.stderr)

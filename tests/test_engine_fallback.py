@@ -9,6 +9,8 @@ import pytest
 
 from streamd.checks.verify import create_engine
 from streamd.engines import EngineError
+from streamd.engines import create_engine as create
+from streamd.engines.options import EngineOptions, Machine
 from streamd.engines.registry import backend_order
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE
 from tests.engines.fake_tensorrt import make_fakes
@@ -22,8 +24,8 @@ def tiny(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """The fake TensorRT 10 on a machine with a GPU, whose builder fails (returns no plan, as a real
-    TensorRT does when no tactic fits or the GPU is unsupported)."""
+    """The fake TensorRT 10 on a machine with a GPU (and no CUDA for torch), whose builder fails (returns no
+    plan, as a real TensorRT does when no tactic fits or the GPU is unsupported)."""
     module, cuda = make_fakes("10.16.1.11")
 
     def no_plan(self: object, network: object, config: object) -> None:
@@ -32,20 +34,28 @@ def broken_tensorrt(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 
     monkeypatch.setattr(module.Builder, "build_serialized_network", no_plan)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: True)
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: False)
-    return {"cuda_api": cuda}  # the one seam between TensorRTEngine and CUDA; other backends ignore it
+    # cuda_api: the one seam between TensorRTEngine and CUDA; other backends ignore it
+    return {"cuda_api": cuda, "machine": TRT_ONLY}
 
 
-def test_auto_order_on_a_gpu_box_with_tensorrt(broken_tensorrt, monkeypatch) -> None:
-    assert backend_order("auto") == ["tensorrt", "onnxruntime"]
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
-    assert backend_order("auto") == ["tensorrt", "torch", "onnxruntime"]
-    assert backend_order("tensorrt") == ["tensorrt"]
+TRT_ONLY = Machine(tensorrt=True, torch_cuda=False)
+TRT_AND_TORCH = Machine(tensorrt=True, torch_cuda=True)
+
+
+def options(tmp_path: Path, fake: dict[str, object], **fields: object) -> dict[str, object]:
+    """``create_engine``'s options and machine for the broken TensorRT box."""
+    given = EngineOptions(max_batch=2, cache_dir=tmp_path, cuda_api=fake["cuda_api"], **fields)
+    return {"options": given, "machine": fake["machine"]}
+
+
+def test_auto_order_on_a_gpu_box_with_tensorrt() -> None:
+    assert backend_order("auto", TRT_ONLY) == ["tensorrt", "onnxruntime"]
+    assert backend_order("auto", TRT_AND_TORCH) == ["tensorrt", "torch", "onnxruntime"]
+    assert backend_order("tensorrt", TRT_AND_TORCH) == ["tensorrt"]
 
 
 def test_auto_falls_back_when_tensorrt_fails_to_build(broken_tensorrt, tiny, tmp_path, caplog) -> None:
-    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
+    engine = create_engine("auto", tiny, **options(tmp_path, broken_tensorrt))
     try:
         assert engine.name == "onnxruntime-cpu"
     finally:
@@ -58,15 +68,15 @@ def test_auto_falls_back_when_tensorrt_fails_to_build(broken_tensorrt, tiny, tmp
 
 def test_named_tensorrt_fails_with_its_reason_and_69(broken_tensorrt, tiny, tmp_path) -> None:
     with pytest.raises(EngineError) as info:
-        create_engine("tensorrt", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
+        create_engine("tensorrt", tiny, **options(tmp_path, broken_tensorrt))
     assert info.value.code == EX_UNAVAILABLE and "TensorRT could not build" in str(info.value)
 
 
 def test_each_failing_engine_gets_one_warning(broken_tensorrt, tiny, tmp_path, monkeypatch, caplog) -> None:
     """TensorRT fails to build, torch (asked for CUDA on a box without it) fails to load, ORT runs."""
     pytest.importorskip("torch")
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
-    engine = create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, **broken_tensorrt)
+    broken_tensorrt["machine"] = TRT_AND_TORCH
+    engine = create_engine("auto", tiny, **options(tmp_path, broken_tensorrt))
     engine.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [w.split(" (")[0] for w in warnings] == [
@@ -80,23 +90,27 @@ def test_auto_stops_at_a_config_error(broken_tensorrt, tiny, tmp_path, monkeypat
     """A GPU that does not exist (pipeline.devices on a smaller box) is the config's fault: auto does not
     hide it behind the CPU engine (a worker meant for a GPU running on the CPU), it fails with 78."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    broken_tensorrt["machine"] = TRT_AND_TORCH
     with pytest.raises(EngineError) as info:
-        create_engine("auto", tiny, max_batch=2, cache_dir=tmp_path, device=1, **broken_tensorrt)
+        create_engine("auto", tiny, **options(tmp_path, broken_tensorrt, device=1))
     assert info.value.code == EX_CONFIG and "CUDA device 1 does not exist" in str(info.value)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert [w.split(" (")[0] for w in warnings] == ["engine: tensorrt could not be brought up"]
 
 
-def test_a_library_exception_becomes_an_engine_error(tiny, monkeypatch, tmp_path) -> None:
+def test_a_library_exception_becomes_an_engine_error(tiny, tmp_path) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise MemoryError("out of device memory")
 
-    monkeypatch.setattr("streamd.engines.onnxruntime.OnnxRuntimeEngine", boom)
     with pytest.raises(EngineError) as info:
-        create_engine("onnxruntime", tiny, max_batch=2, cache_dir=tmp_path)
+        create(
+            "onnxruntime",
+            tiny,
+            EngineOptions(max_batch=2, cache_dir=tmp_path),
+            backends={"onnxruntime": boom},
+        )
     assert str(info.value) == "engine onnxruntime: MemoryError: out of device memory"
     assert info.value.code == EX_UNAVAILABLE
 

@@ -27,6 +27,8 @@ for logs and ``/metrics``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import logging
 import time
@@ -40,6 +42,7 @@ from streamd.checks.compare import TOLERANCES, OutputError, compare
 from streamd.checks.compare import Tolerance as Tolerance  # re-exported: tests and benches read them here
 from streamd.checks.compare import match_detections as match_detections
 from streamd.engines.base import EngineError, VerificationError, run_padded
+from streamd.engines.options import EngineOptions, Machine
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +351,7 @@ def verify_engine(
         f"{verdict.engine} {effective} vs onnxruntime-cpu on {verdict.inputs} frames: {numbers}"
         f"detections {verdict.reference_detections} ref / {verdict.engine_detections} engine, "
         f"{verdict.matched:.1%} matched (worst IoU {verdict.worst_iou:.3f})"
-    )  # fmt: skip
+    )
     if verdict.cached:
         log.info(
             "engine verification: %s: %s — cached verdict (%s), check skipped (it cost %.0f ms)",
@@ -373,25 +376,41 @@ def _set(engine: Any, verdict: Verification | None) -> None:
         engine.verification = None if verdict is None else verdict.as_dict()
 
 
-def check_created(engine: Any, model_path: Path, precision: str, options: dict[str, Any]) -> None:
-    """``create_engine``'s hook: verify a just-built engine per ``options["verify"]`` (a ``VerifyPlan``,
-    True/absent = the default plan, False = skip); closes the engine before raising."""
-    plan = options.get("verify", True)
+def check_created(
+    engine: Any, model_path: Path, options: EngineOptions, plan: VerifyPlan | bool | None = True
+) -> None:
+    """The start-up check ``create_engine`` runs on each engine it builds (``EngineOptions.check``, with
+    ``plan`` bound): verify it per ``plan`` (a ``VerifyPlan``; True = the default plan, False = skip); closes
+    the engine before raising."""
     if plan is None or plan is True:
         plan = VerifyPlan()
     elif plan is False:
         plan = VerifyPlan(enabled=False)
     try:
-        verify_engine(engine, model_path, precision=precision, plan=plan, cache_dir=options.get("cache_dir"))
+        verify_engine(engine, model_path, precision=options.precision, plan=plan, cache_dir=options.cache_dir)
     except BaseException:
         engine.close()
         raise
 
 
-def create_engine(requested: str, model_path: Path, *, verify: Any = True, **options: Any) -> Any:
+def create_engine(
+    requested: str,
+    model_path: Path,
+    options: EngineOptions | None = None,
+    *,
+    verify: VerifyPlan | bool | None = True,
+    machine: Machine | None = None,
+    **fields: Any,
+) -> Any:
     """``streamd.engines.create_engine`` with the start-up check: each backend's engine is verified against
-    ONNX Runtime (``verify``: a ``VerifyPlan``, True = the default plan, False = skip) before it is taken;
-    ``engine.type: auto`` falls back past one that fails it."""
+    ONNX Runtime (``verify``: a ``VerifyPlan``, True or None = the default plan, False = skip) before it is
+    taken; ``engine.type: auto`` falls back past one that fails it. ``options`` or their ``fields`` as
+    keywords, as ``streamd.engines.create_engine`` takes them."""
     from streamd.engines.registry import create_engine as create
 
-    return create(requested, model_path, check=check_created, verify=verify, **options)
+    if options is None:
+        options = EngineOptions(**fields)
+    elif fields:
+        raise TypeError(f"create_engine: options given twice: {', '.join(fields)}")
+    check = functools.partial(check_created, plan=verify)
+    return create(requested, model_path, dataclasses.replace(options, check=check), machine=machine)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from streamd.config._fields import Invalid, Problems, opt, path_text, read_section, resolve_path
 
@@ -46,8 +46,9 @@ class EngineConfig:
     )
 
 
-def backend_options(engine: EngineConfig) -> dict[str, object]:
-    """The ``create_engine`` options this section sets (beyond type, precision, batch and threads)."""
+def backend_options(engine: EngineConfig) -> dict[str, Any]:
+    """The ``create_engine`` keywords this section sets beyond type, precision, batch and threads (the
+    keyword form; ``streamd.engines.options.EngineOptions.from_config`` gives them all as one value)."""
     return {
         "cache_dir": engine.cache_dir,
         "cuda_graphs": engine.cuda_graphs,

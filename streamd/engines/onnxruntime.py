@@ -21,6 +21,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
+from streamd.engines.options import EngineOptions
 from streamd.exitcodes import EX_CONFIG
 
 if TYPE_CHECKING:
@@ -36,21 +37,18 @@ def _elem_dtype(elem_type: int) -> np.dtype:
 
 
 class OnnxRuntimeEngine:
-    """Options beyond ``create_engine``'s: ``provider`` = ``auto`` (CUDA EP if onnxruntime-gpu sees a GPU,
-    else CPU), ``cpu`` or ``cuda``."""
+    """Reads ``EngineOptions``' ``max_batch``, ``precision``, ``threads``, ``device`` and ``provider``."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        max_batch: int,
-        precision: str = "fp32",
-        threads: int = 0,
-        device: int = 0,
-        provider: str = "auto",
-        **_: Any,
-    ) -> None:
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
         import onnxruntime as ort
+
+        max_batch, precision, threads, provider = (
+            options.max_batch,
+            options.precision,
+            options.threads,
+            options.provider,
+        )
+        device = int(options.device) if options.device != "cpu" else 0
 
         self._ort = ort
         model = onnx_tools.load(model_path)

@@ -3,18 +3,16 @@
 
 ``create_engine`` picks the backend by name and imports its module only then, so the CPU path never
 imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
-works, else ONNX Runtime on the CPU. When the chosen backend fails to import, build, load or pass its
-start-up check (the caller's ``check``: ``streamd.checks.verify``), ``auto`` says why in one warning and
-takes the next one
-(``backend_order``).
+works, else ONNX Runtime on the CPU (what the box has: ``Machine``). When the chosen backend fails to
+import, build, load or pass its start-up check (``EngineOptions.check``: ``streamd.checks.verify``), ``auto``
+says why in one warning and takes the next one (``backend_order``).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
-import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +27,7 @@ from streamd.engines.base import (
     output_nbytes,
     run_padded,
 )
+from streamd.engines.options import EngineOptions, Machine
 from streamd.exitcodes import EX_CONFIG
 
 if TYPE_CHECKING:
@@ -36,100 +35,78 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# name -> "module:factory"; modules are imported only when chosen, so the CPU path never imports CUDA.
-BACKENDS: dict[str, str] = {
+# A backend's factory: (model path, options) -> engine.
+Factory = Callable[[Path, EngineOptions], Engine]
+# name -> "module:factory" (imported only when chosen, so the CPU path never imports CUDA) or a factory.
+BACKENDS: dict[str, str | Factory] = {
     "onnxruntime": "streamd.engines.onnxruntime:OnnxRuntimeEngine",
     "torch": "streamd.engines.torch:TorchEngine",
     "tensorrt": "streamd.engines.tensorrt:TensorRTEngine",
 }
 
 
-def _gpu_available() -> bool:
-    """True when the CUDA driver reports a usable device (``streamd.gpu.cuda.gpu_available``)."""
-    from streamd.gpu.cuda import gpu_available
-
-    return gpu_available()[0]
-
-
-def _torch_cuda_available() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def choose_backend(requested: str) -> str:
-    """Resolve ``auto`` to the best backend this machine has (see module docstring); any other name is
-    returned unchanged."""
+def choose_backend(requested: str, machine: Machine | None = None) -> str:
+    """Resolve ``auto`` to the best backend ``machine`` (default: this box) has (see module docstring); any
+    other name is returned unchanged."""
     if requested != "auto":
         return requested
-    if _importable("tensorrt") and _gpu_available():
+    machine = machine or Machine()
+    if machine.has_tensorrt():
         return "tensorrt"
-    if _torch_cuda_available():
+    if machine.has_torch_cuda():
         return "torch"
     return "onnxruntime"
 
 
-def next_backend(name: str) -> str | None:
+def next_backend(name: str, machine: Machine | None = None) -> str | None:
     """The backend ``auto`` falls back to when ``name`` fails: TensorRT -> torch (if CUDA works) -> ONNX
     Runtime -> none."""
     if name == "tensorrt":
-        return "torch" if _torch_cuda_available() else "onnxruntime"
+        return "torch" if (machine or Machine()).has_torch_cuda() else "onnxruntime"
     if name == "torch":
         return "onnxruntime"
     return None
 
 
-def backend_order(requested: str) -> list[str]:
+def backend_order(requested: str, machine: Machine | None = None) -> list[str]:
     """The backends ``create_engine`` tries, in order: ``auto`` = ``choose_backend`` then each fallback; a
     named backend alone (it fails rather than silently running something else)."""
-    order = [choose_backend(requested)]
-    while requested == "auto" and (following := next_backend(order[-1])) is not None:
+    order = [choose_backend(requested, machine)]
+    while requested == "auto" and (following := next_backend(order[-1], machine)) is not None:
         order.append(following)
     return order
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ValueError, ImportError):  # in sys.modules without a spec (a stand-in), or a broken package
-        return module in sys.modules
 
 
 def create_engine(
     requested: str,
     model_path: Path,
+    options: EngineOptions | None = None,
     *,
-    max_batch: int,
-    precision: str = "fp32",
-    threads: int = 0,
-    **options: Any,
+    machine: Machine | None = None,
+    backends: Mapping[str, str | Factory] | None = None,
+    **fields: Any,
 ) -> Engine:
-    """Load ``model_path`` with the requested backend (``auto``: the best one that works, see module
-    docstring).
-
-    ``options`` are passed to the backend: ``device`` (CUDA device index), ``cache_dir`` (where built engines
-    and converted models are cached; plans go to ``cache_dir/engines``), ``cuda_graphs`` (bool), ``check``
-    (called with each built engine, the model path, the precision and these options; raising refuses the
-    engine — ``streamd.checks.verify.create_engine`` passes the start-up verification and its ``verify``
-    plan), and
-    backend-specific ones documented on each engine class. Unknown options are ignored by every backend.
+    """Load ``model_path`` with the requested backend (``auto``: the best one ``machine`` has, see module
+    docstring) and ``options`` (or their ``fields`` as keywords). ``options.check``, when set, runs on each
+    engine built; raising refuses it. ``backends`` replaces the ``BACKENDS`` table (tests).
     Raises ``EngineError`` (a ``StartupError``: its ``code`` is the exit code) when no backend can run it.
     """
+    if options is None:
+        options = EngineOptions(**fields)
+    elif fields:
+        raise TypeError(f"create_engine: options given twice: {', '.join(fields)}")
+    precision, max_batch = options.precision, options.max_batch
     if precision not in PRECISIONS:
         raise EngineError(
             f"engine.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}", EX_CONFIG
         )
     if max_batch < 1:
         raise EngineError(f"engine.max_batch: expected ≥ 1, got {max_batch}", EX_CONFIG)
-    order = backend_order(requested)
+    model_path = Path(model_path)
+    order = backend_order(requested, machine)
     for index, name in enumerate(order):
         try:
-            engine = _load(name, Path(model_path), max_batch, precision, threads, options)
+            engine = _load(name, model_path, options, BACKENDS if backends is None else backends)
             break
         except Exception as exc:
             error = _as_engine_error(name, exc)
@@ -143,17 +120,20 @@ def create_engine(
             )
     fixed = getattr(engine, "batch_fixed", None)
     if fixed is None and engine.max_batch < max_batch:  # a dynamic engine built for fewer rows
+        rows = engine.max_batch
         log.info(
             "engine: %s takes at most %d rows per call: larger batches run in calls of %d (the last padded)",
-            name, engine.max_batch, engine.max_batch,
-        )  # fmt: skip
-        engine = FixedBatch(engine, engine.max_batch, max_batch)
+            name,
+            rows,
+            rows,
+        )
+        engine = FixedBatch(engine, rows, max_batch)
     elif fixed is not None and (fixed > 1 or max_batch > 1):
-        engine = _fixed_batch(engine, fixed, max_batch, Path(model_path))
+        engine = _fixed_batch(engine, fixed, max_batch, model_path)
     log.info(
         "engine: %s (%s, max batch %d, %s in, %s out)",
         engine.name,
-        Path(model_path).name,
+        model_path.name,
         engine.max_batch,
         engine.input_dtype,
         engine.output_dtype,
@@ -161,25 +141,29 @@ def create_engine(
     return engine
 
 
-def _load(
-    name: str, model_path: Path, max_batch: int, precision: str, threads: int, options: dict[str, Any]
-) -> Engine:
-    """Import the backend, build/load the engine and run its start-up check (closed again if that fails)."""
-    if name not in BACKENDS:
+def _factory(name: str, backends: Mapping[str, str | Factory]) -> Factory:
+    if name not in backends:
         raise EngineError(
-            f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(BACKENDS)}", EX_CONFIG
+            f"engine.type: unknown backend {name!r}; expected auto or one of {', '.join(backends)}", EX_CONFIG
         )
-    module_name, factory = BACKENDS[name].split(":")
+    entry = backends[name]
+    if not isinstance(entry, str):
+        return entry
+    module_name, factory = entry.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise EngineError(f"engine.type: backend {name!r} cannot be imported here: {exc}") from exc
-    engine: Engine = getattr(module, factory)(
-        model_path, max_batch=max_batch, precision=precision, threads=threads, **options
-    )
-    check = options.get("check")
-    if check is not None:  # the caller's start-up check (streamd.checks.verify); it closes a refused engine
-        check(engine, model_path, precision, options)
+    return getattr(module, factory)  # type: ignore[no-any-return]
+
+
+def _load(
+    name: str, model_path: Path, options: EngineOptions, backends: Mapping[str, str | Factory]
+) -> Engine:
+    """Import the backend, build/load the engine and run its start-up check (closed again if that fails)."""
+    engine = _factory(name, backends)(model_path, options)
+    if options.check is not None:  # the caller's (streamd.checks.verify); it closes a refused engine
+        options.check(engine, model_path, options)
     return engine
 
 
@@ -246,6 +230,10 @@ def _fixed_batch(engine: Engine, n: int, max_batch: int, model_path: Path) -> En
         log.info(
             "engine: %s fixes its batch at %d: the engine runs %d rows per call, a smaller batch padded (the "
             "extra rows' results ignored); batches of up to %d%s",
-            model_path.name, n, n, wrapped.max_batch, rounded,
-        )  # fmt: skip
+            model_path.name,
+            n,
+            n,
+            wrapped.max_batch,
+            rounded,
+        )
     return wrapped

@@ -28,6 +28,7 @@ import numpy as np
 from streamd.engines import trt_build
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, discard, engines_dir, write_sidecar
+from streamd.engines.options import EngineOptions
 from streamd.engines.progress import BuildProgress
 from streamd.engines.trt_protocols import ICudaEngine, IExecutionContext, TensorRTModule
 from streamd.gpu.cuda import CUDAError, Stream
@@ -96,8 +97,12 @@ def ensure_plan(
         return PlanInfo(path, key, prep, built=False), path.read_bytes()
     log.info(
         "TensorRT %s: building %s for %s (%s, max batch %d); this takes minutes the first time",
-        trt.__version__, model_path.name, gpu[0], prep.precision_recipe, prep.max_batch,
-    )  # fmt: skip
+        trt.__version__,
+        model_path.name,
+        gpu[0],
+        prep.precision_recipe,
+        prep.max_batch,
+    )
     logger = logger if logger is not None else trt_build.make_logger(trt)
     timing = trt_build.timing_cache_path(trt, gpu, cache_dir) if options.timing_cache else None
     plan = trt_build.build_plan(trt, prep, options, logger, timing, progress)
@@ -118,33 +123,24 @@ class _Lane:
 
 
 class TensorRTEngine:
-    """TensorRT on the GPU. Options beyond ``create_engine``'s: ``opt_batch``, ``workspace_mb``,
-    ``optimization_level``, ``rebuild`` (ignore the cache), ``progress`` (a ``BuildProgress``), ``cancel`` (a
-    ``threading.Event`` that cancels a build), ``cuda_api`` (a ``CudaApi``; tests pass a fake)."""
+    """TensorRT on the GPU. Reads ``EngineOptions``' common fields and its TensorRT group: ``opt_batch``,
+    ``workspace_mb``, ``optimization_level``, ``rebuild`` (ignore the cache), ``progress`` (a
+    ``BuildProgress``), ``cancel`` (cancels a build), ``cuda_api`` (a ``CudaApi``; tests pass a fake)."""
 
     on_device = True
 
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        max_batch: int,
-        precision: str = "fp16",
-        threads: int = 0,
-        device: int = 0,
-        cache_dir: Path | None = None,
-        cuda_graphs: bool = True,
-        lanes: int = 1,
-        opt_batch: int | None = None,
-        workspace_mb: int | None = None,
-        optimization_level: int = 3,
-        rebuild: bool = False,
-        progress: BuildProgress | None = None,
-        cancel: threading.Event | None = None,
-        cuda_api: CudaApi | None = None,
-        **_: Any,
-    ) -> None:
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
         self._closed = True  # until everything below exists
+        o = options
+        max_batch, precision, device, cache_dir, cuda_graphs, lanes = (
+            o.max_batch,
+            o.precision,
+            int(o.device),
+            o.cache_dir,
+            o.cuda_graphs,
+            o.lanes,
+        )
+        progress, cancel, cuda_api = o.progress, o.cancel, o.cuda_api
         self.trt = trt = load_tensorrt()
         self._own_cuda: Any = None
         if cuda_api is None:  # the one seam: tests pass a fake CudaApi
@@ -155,23 +151,23 @@ class TensorRTEngine:
         self.device = device
         self.cuda_graphs = cuda_graphs
         self.logger = trt_build.make_logger(trt)
-        options = trt_build.BuildOptions(
+        build = trt_build.BuildOptions(
             max_batch=max_batch,
             precision=precision,
-            opt_batch=opt_batch,
-            workspace_bytes=(workspace_mb << 20) if workspace_mb else trt_build.DEFAULT_WORKSPACE,
-            optimization_level=optimization_level,
+            opt_batch=o.opt_batch,
+            workspace_bytes=(o.workspace_mb << 20) if o.workspace_mb else trt_build.DEFAULT_WORKSPACE,
+            optimization_level=o.optimization_level,
         )
         if progress is None:
             progress = BuildProgress(cancel=cancel)
         plan_args = dict(device=device, cache_dir=cache_dir, logger=self.logger, progress=progress)
-        self.plan, data = ensure_plan(trt, self.cuda, model_path, options, rebuild=rebuild, **plan_args)
+        self.plan, data = ensure_plan(trt, self.cuda, model_path, build, rebuild=o.rebuild, **plan_args)
         self._runtime = trt.Runtime(self.logger)
         engine = self._deserialize(data)
         if engine is None and not self.plan.built:
             log.warning("TensorRT: cached engine %s does not deserialize; rebuilding it", self.plan.path)
             discard(self.plan.path)
-            self.plan, data = ensure_plan(trt, self.cuda, model_path, options, rebuild=True, **plan_args)
+            self.plan, data = ensure_plan(trt, self.cuda, model_path, build, rebuild=True, **plan_args)
             engine = self._deserialize(data)
         if engine is None:
             detail = "; ".join(self.logger.errors) or "no detail from TensorRT"
@@ -193,9 +189,10 @@ class TensorRTEngine:
         self._closed = False
         log.info(
             "TensorRT: %s ready (%s), context memory %.0f MiB",
-            self.plan.path.name, self.plan.prepared.precision_recipe,
+            self.plan.path.name,
+            self.plan.prepared.precision_recipe,
             trt_build.device_memory(trt, engine) / 2**20,
-        )  # fmt: skip
+        )
 
     def _new_lane(self) -> _Lane:
         context = self.engine.create_execution_context()

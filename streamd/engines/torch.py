@@ -34,6 +34,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
+from streamd.engines.options import EngineOptions
 from streamd.exitcodes import EX_CONFIG
 from streamd.gpu.cuda import Stream
 from streamd.gpu.graph_cache import MAX_GRAPHS, GraphCache
@@ -219,28 +220,29 @@ class _Lane:
 
 
 class TorchEngine:
-    """Options beyond ``create_engine``'s: ``lanes`` (default 1: calls in flight on the GPU at once, see the
-    module docstring), ``compile`` (default False: ``streamd.engines.torch_compile``), ``channels_last``
-    (default True), ``cudnn_benchmark`` (default True, process-wide), ``tf32`` (default True: FP32
-    convolutions may use TF32, as TensorRT does), ``device`` may be ``"cpu"`` (a host engine, for tests)."""
+    """Reads ``EngineOptions``' common fields and its torch group: ``lanes`` (calls in flight on the GPU at
+    once, see the module docstring), ``compile`` (``streamd.engines.torch_compile``), ``channels_last``,
+    ``cudnn_benchmark`` (process-wide), ``tf32`` (FP32 convolutions may use TF32, as TensorRT does);
+    ``device`` may be ``"cpu"`` (a host engine, for tests)."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        max_batch: int,
-        precision: str = "fp16",
-        threads: int = 0,
-        device: int | str = 0,
-        cuda_graphs: bool = True,
-        lanes: int = 1,
-        compile: bool = False,
-        channels_last: bool = True,
-        cudnn_benchmark: bool = True,
-        tf32: bool = True,
-        **_: Any,
-    ) -> None:
+    def __init__(self, model_path: Path, options: EngineOptions) -> None:
         import torch
+
+        o = options
+        max_batch, precision, threads, device, cuda_graphs = (
+            o.max_batch,
+            o.precision,
+            o.threads,
+            o.device,
+            o.cuda_graphs,
+        )
+        lanes, compile, channels_last, cudnn_benchmark, tf32 = (
+            o.lanes,
+            o.compile,
+            o.channels_last,
+            o.cudnn_benchmark,
+            o.tf32,
+        )
 
         self._torch = torch
         self._closed = True

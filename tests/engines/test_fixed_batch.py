@@ -16,6 +16,7 @@ from streamd.checks.verify import create_engine
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
 from streamd.engines.onnxruntime import OnnxRuntimeEngine
+from streamd.engines.options import EngineOptions
 from streamd.engines.registry import FixedBatch
 from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import make_detector, random_images
@@ -47,7 +48,7 @@ def test_the_model_really_refuses_other_batches(fixed):
     session = ort.InferenceSession(str(fixed[2]), providers=["CPUExecutionProvider"])
     with pytest.raises(Exception, match=r"(?i)dimension|shape"):
         session.run(None, {"images": random_images(1)})
-    raw = OnnxRuntimeEngine(fixed[2], max_batch=8)
+    raw = OnnxRuntimeEngine(fixed[2], EngineOptions(max_batch=8))
     assert (raw.batch_fixed, raw.max_batch, raw.output_shape) == (2, 2, (1, 84, 320))
     with pytest.raises(EngineError, match="fixed at 2, got 1"):
         raw.infer(random_images(1))

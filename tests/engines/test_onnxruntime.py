@@ -17,6 +17,7 @@ from onnx.reference import ReferenceEvaluator
 from streamd.engines import Engine, create_engine, onnx_tools
 from streamd.engines.base import EngineError, input_nbytes, output_nbytes
 from streamd.engines.onnxruntime import OnnxRuntimeEngine
+from streamd.engines.options import EngineOptions, Machine
 from streamd.engines.registry import choose_backend
 from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import random_images
@@ -48,7 +49,7 @@ def test_cpu_engine_contract(models):
 
 
 def test_fixed_batch_one_model_runs_batches(models):
-    e = OnnxRuntimeEngine(models["b1"], max_batch=4)
+    e = OnnxRuntimeEngine(models["b1"], EngineOptions(max_batch=4))
     x = random_images(4)
     ref = np.concatenate([reference(models["b1"], x[i : i + 1]) for i in range(4)])
     np.testing.assert_allclose(e.infer(x), ref, atol=1e-5)
@@ -68,13 +69,9 @@ def test_bad_model_and_options(tmp_path, models):
         create_engine("onnxruntime", models["dynamic"], max_batch=1, precision="int8")
 
 
-def test_auto_falls_back_to_onnxruntime_without_gpu(monkeypatch):
-    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: False)
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: False)
-    assert choose_backend("auto") == "onnxruntime"
-    monkeypatch.setattr("streamd.engines.registry._torch_cuda_available", lambda: True)
-    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no tensorrt
-    assert choose_backend("auto") == "torch"
+def test_auto_falls_back_to_onnxruntime_without_gpu():
+    assert choose_backend("auto", Machine(tensorrt=False, torch_cuda=False)) == "onnxruntime"
+    assert choose_backend("auto", Machine(tensorrt=False, torch_cuda=True)) == "torch"
 
 
 class _FakeBinding:
@@ -131,7 +128,7 @@ def test_cuda_ep_binds_our_pointers_on_our_stream(models, monkeypatch, precision
     )
     monkeypatch.setattr(ort, "InferenceSession", _FakeCudaSession)
     _FakeCudaSession.made.clear()
-    e = OnnxRuntimeEngine(models["dynamic"], max_batch=4, precision=precision, device=0)
+    e = OnnxRuntimeEngine(models["dynamic"], EngineOptions(max_batch=4, precision=precision, device=0))
     assert e.on_device and e.name == "onnxruntime-cuda"
     x = random_images(3)
     out = np.zeros((3, *e.output_shape[1:]), np.float32)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from streamd.engines import trt_protocols
+from streamd.engines.options import EngineOptions
 from streamd.engines.tensorrt import TensorRTEngine
 from streamd.gpu.cuda import Stream
 from tests.engines.fake_tensorrt import make_fakes, public_names
@@ -123,7 +124,9 @@ def _exercise(version: str, models: dict[str, Path], tmp: Path, monkeypatch: pyt
     trt, cuda = make_fakes(version)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     for precision, model in (("fp32", "dynamic"), ("fp16", "dynamic"), ("int8", "qdq"), ("fp32", "b1")):
-        e = TensorRTEngine(models[model], max_batch=4, precision=precision, cache_dir=tmp, cuda_api=cuda)
+        e = TensorRTEngine(
+            models[model], EngineOptions(max_batch=4, precision=precision, cache_dir=tmp, cuda_api=cuda)
+        )
         x = random_images(2)
         out = np.zeros((2, *e.output_shape[1:]), np.float32)
         e.enqueue(x.ctypes.data, out.ctypes.data, 2, Stream.borrow(3))
@@ -131,7 +134,7 @@ def _exercise(version: str, models: dict[str, Path], tmp: Path, monkeypatch: pyt
         e.infer(x)
         e.close()
     TensorRTEngine(
-        models["dynamic"], max_batch=4, precision="fp32", cache_dir=tmp, cuda_api=cuda
+        models["dynamic"], EngineOptions(max_batch=4, precision="fp32", cache_dir=tmp, cuda_api=cuda)
     )  # cache hit
     bad = tmp / "bad.onnx"
     import onnx
@@ -141,7 +144,7 @@ def _exercise(version: str, models: dict[str, Path], tmp: Path, monkeypatch: pyt
     m.graph.node.append(helper.make_node("Celu", ["output0"], ["unused"]))
     onnx.save(m, str(bad))
     with pytest.raises(Exception, match="cannot parse"):
-        TensorRTEngine(bad, max_batch=2, precision="fp32", cache_dir=tmp, cuda_api=cuda)
+        TensorRTEngine(bad, EngineOptions(max_batch=2, precision="fp32", cache_dir=tmp, cuda_api=cuda))
     return set(trt._accessed)
 
 

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 from streamd.build_engine import add_build_engine_parser, run_build_engine
 from streamd.checks.verify import create_engine
 from streamd.engines.base import EngineError
+from streamd.engines.options import EngineOptions, Machine
 from streamd.engines.progress import BuildProgress
 from streamd.engines.registry import choose_backend
 from streamd.engines.tensorrt import TensorRTEngine
@@ -41,7 +42,13 @@ def engine(fake, model: Path, tmp_path: Path, **kw) -> TensorRTEngine:
     _, cuda = fake
     kw.setdefault("max_batch", 4)
     kw.setdefault("precision", "fp32")
-    return TensorRTEngine(model, cache_dir=tmp_path / "cache", cuda_api=cuda, **kw)
+    return TensorRTEngine(model, EngineOptions(cache_dir=tmp_path / "cache", cuda_api=cuda, **kw))
+
+
+def recorded_on(cuda, stream: int) -> int:
+    """The event the engine last recorded on ``stream`` (a lane's "call done" event), from the fake CUDA's
+    call log."""
+    return [c[1] for c in cuda.calls if c[0] == "record" and c[2] == stream][-1]
 
 
 def plans(tmp_path: Path) -> list[Path]:
@@ -134,7 +141,7 @@ def test_cache_key_covers_gpu_and_tensorrt_version(models, tmp_path, monkeypatch
         trt, cuda = make_fakes(version, gpu)
         monkeypatch.setitem(__import__("sys").modules, "tensorrt", trt)
         e = TensorRTEngine(
-            models["dynamic"], max_batch=2, precision="fp32", cache_dir=tmp_path, cuda_api=cuda
+            models["dynamic"], EngineOptions(max_batch=2, precision="fp32", cache_dir=tmp_path, cuda_api=cuda)
         )
         assert e.plan.built
         paths.add(e.plan.path)
@@ -216,7 +223,7 @@ def test_enqueue_with_cuda_graphs(fake_trt, models, tmp_path):
     assert [c[0] for c in cuda.calls].count("begin_capture") == 2
     assert not [c for c in cuda.calls if c[0] == "wait"]  # one stream: no cross-stream waits
     e.enqueue(x.ctypes.data, out.ctypes.data, 8, Stream.borrow(78))  # another stream waits for the last call
-    assert ("wait", 78, e._lanes[0].done) in cuda.calls
+    assert ("wait", 78, recorded_on(cuda, 77)) in cuda.calls
     with pytest.raises(EngineError, match="batch 9"):
         e.enqueue(x.ctypes.data, out.ctypes.data, 9, stream)
 
@@ -226,7 +233,7 @@ def test_lanes_give_each_stream_its_own_context(fake_trt, models, tmp_path):
     waits for the other; a third stream shares the first lane and waits for its last call."""
     _, cuda = fake_trt
     e = engine(fake_trt, models["dynamic"], tmp_path, max_batch=8, lanes=2)
-    assert e.lanes == 2 and len({id(lane.context) for lane in e._lanes}) == 2
+    assert e.lanes == 2
     a, b = random_images(8, seed=1), random_images(8, seed=2)
     out_a, out_b = np.zeros((8, 84, 320), np.float32), np.zeros((8, 84, 320), np.float32)
     for _ in range(2):  # run + capture, then graph launches: one graph per lane
@@ -236,8 +243,9 @@ def test_lanes_give_each_stream_its_own_context(fake_trt, models, tmp_path):
     np.testing.assert_allclose(out_b, reference(models["dynamic"], b), atol=1e-5)
     assert [c[0] for c in cuda.calls].count("begin_capture") == 2
     assert not [c for c in cuda.calls if c[0] == "wait"]  # two lanes: no cross-stream waits
+    assert recorded_on(cuda, 77) != recorded_on(cuda, 78)  # each lane its own event
     e.enqueue(a.ctypes.data, out_a.ctypes.data, 8, Stream.borrow(79))  # a third stream: lane 0 again
-    assert ("wait", 79, e._lanes[0].done) in cuda.calls
+    assert ("wait", 79, recorded_on(cuda, 77)) in cuda.calls
     assert e.infer(a).shape == (8, 84, 320)  # the host round trip still works beside them
     e.close()
 
@@ -320,9 +328,7 @@ def test_create_engine_and_auto_choice(fake_trt, models, tmp_path, monkeypatch):
     # the start-up check ran (fake TensorRT computes with ONNX Runtime) and its verdict sits beside the plan
     assert e.verification["passed"] and not e.verification["cached"]
     assert e.plan.path.with_name(e.plan.path.name + ".verify.json").exists()
-    monkeypatch.setattr("streamd.engines.registry._gpu_available", lambda: True)
-    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "tensorrt" else None)
-    assert choose_backend("auto") == "tensorrt"
+    assert choose_backend("auto", Machine(tensorrt=True, torch_cuda=True)) == "tensorrt"
 
 
 def test_build_engine_command(fake_trt, models, tmp_path, capsys):

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamd.engines.base import EngineError
+from streamd.engines.options import EngineOptions
 from streamd.gpu.cuda import Stream
 from tests.engines.tiny_models import random_images
 
@@ -106,7 +107,7 @@ def test_shape_op_runs_on_the_host(torch_ready, tmp_path):
 def test_cpu_engine_matches_onnxruntime(torch_ready, models, model):
     from streamd.engines.torch import TorchEngine
 
-    e = TorchEngine(models[model], max_batch=4, precision="fp16", device="cpu", threads=1)
+    e = TorchEngine(models[model], EngineOptions(max_batch=4, precision="fp16", device="cpu", threads=1))
     assert (e.name, e.on_device, e.max_batch) == ("torch-cpu-fp32", False, 4)  # CPU runs FP32
     assert (e.input_shape, e.output_shape) == ((3, 32, 32), (1, 84, 320))
     x = random_images(3)
@@ -123,9 +124,9 @@ def test_gpu_engine_needs_cuda(torch_ready, models, monkeypatch):
 
     monkeypatch.setattr(torch_ready.cuda, "is_available", lambda: False)
     with pytest.raises(EngineError, match="no CUDA device"):
-        TorchEngine(models["dynamic"], max_batch=2, device=0)
+        TorchEngine(models["dynamic"], EngineOptions(max_batch=2, device=0))
     with pytest.raises(EngineError, match="int8"):
-        TorchEngine(models["dynamic"], max_batch=2, precision="int8", device="cpu")
+        TorchEngine(models["dynamic"], EngineOptions(max_batch=2, precision="int8", device="cpu"))
 
 
 def test_a_device_that_does_not_exist_is_a_config_error(torch_ready, models, monkeypatch):
@@ -138,7 +139,7 @@ def test_a_device_that_does_not_exist_is_a_config_error(torch_ready, models, mon
     monkeypatch.setattr(torch_ready.cuda, "device_count", lambda: 1)
     for device in (1, -1):
         with pytest.raises(EngineError, match=rf"CUDA device {device} does not exist: this process sees 1"):
-            TorchEngine(models["dynamic"], max_batch=2, device=device)
+            TorchEngine(models["dynamic"], EngineOptions(max_batch=2, device=device))
     with pytest.raises(EngineError, match=r"pipeline\.devices") as e:
-        TorchEngine(models["dynamic"], max_batch=2, device=2)
+        TorchEngine(models["dynamic"], EngineOptions(max_batch=2, device=2))
     assert e.value.code == EX_CONFIG

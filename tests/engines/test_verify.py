@@ -23,6 +23,7 @@ from streamd.checks.verify import (
     frames,
     make_inputs,
 )
+from streamd.engines.options import EngineOptions, Machine
 from streamd.stages.postprocess.cpu import PostprocessSpec
 from streamd.stages.preprocess.cpu import PreprocessSpec
 from tests.engines.tiny_models import make_detector
@@ -94,11 +95,10 @@ def test_a_cached_failure_is_refused_without_running_again(
     assert not json.loads(path.read_text())["verdict"]["passed"]
 
 
-def test_auto_falls_back_to_onnxruntime(
-    torch_ready, tf_style, tmp_path, broken_conversion, monkeypatch, caplog
-):
-    monkeypatch.setattr("streamd.engines.registry.choose_backend", lambda requested: "torch")
-    engine = create_engine("auto", tf_style, max_batch=2, device="cpu", verify=PLAN, cache_dir=tmp_path)
+def test_auto_falls_back_to_onnxruntime(torch_ready, tf_style, tmp_path, broken_conversion, caplog):
+    torch_box = Machine(tensorrt=False, torch_cuda=True)  # auto: torch, then ONNX Runtime
+    options = EngineOptions(max_batch=2, device="cpu", cache_dir=tmp_path)
+    engine = create_engine("auto", tf_style, options, verify=PLAN, machine=torch_box)
     assert engine.name == "onnxruntime-cpu"
     assert "torch refused at start-up" in caplog.text and "falls back to onnxruntime" in caplog.text
     engine.close()

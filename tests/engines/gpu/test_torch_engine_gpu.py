@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamd.engines.options import EngineOptions
 from streamd.gpu.cuda import Stream
 
 torch = pytest.importorskip("torch")
@@ -82,7 +83,7 @@ def frames() -> np.ndarray:
 def reference(frames: np.ndarray) -> np.ndarray:
     from streamd.engines.onnxruntime import OnnxRuntimeEngine
 
-    ort_engine = OnnxRuntimeEngine(MODEL, max_batch=8)
+    ort_engine = OnnxRuntimeEngine(MODEL, EngineOptions(max_batch=8))
     return np.concatenate([ort_engine.infer(frames[i : i + 8]) for i in range(0, len(frames), 8)])
 
 
@@ -171,10 +172,10 @@ def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
 
     compiled = precision.endswith("-compiled")
     t0 = time.perf_counter()
-    engine = TorchEngine(
-        MODEL, max_batch=MAX_BATCH, precision=precision.split("-")[0], device=0, cuda_graphs=True,
-        compile=compiled,
-    )  # fmt: skip
+    options = EngineOptions(
+        max_batch=MAX_BATCH, precision=precision.split("-")[0], device=0, cuda_graphs=True, compile=compiled
+    )
+    engine = TorchEngine(MODEL, options)
     assert ("torch.compile" in engine.steps) == compiled
     load_s = time.perf_counter() - t0
     assert engine.output_shape == (1, 84, 3549) and engine.cuda_graphs
@@ -215,8 +216,12 @@ def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
 def test_graph_replay_equals_eager_and_batches_are_independent(frames):
     from streamd.engines.torch import TorchEngine
 
-    eager = TorchEngine(MODEL, max_batch=MAX_BATCH, precision="fp16", device=0, cuda_graphs=False)
-    graphed = TorchEngine(MODEL, max_batch=MAX_BATCH, precision="fp16", device=0, cuda_graphs=True)
+    eager = TorchEngine(
+        MODEL, EngineOptions(max_batch=MAX_BATCH, precision="fp16", device=0, cuda_graphs=False)
+    )
+    graphed = TorchEngine(
+        MODEL, EngineOptions(max_batch=MAX_BATCH, precision="fp16", device=0, cuda_graphs=True)
+    )
     a = run_slots(eager, frames[:16], batch=16)
     b = run_slots(graphed, frames[:16], batch=16, repeats=3)
     np.testing.assert_allclose(a, b, atol=1e-2)
@@ -231,7 +236,7 @@ def test_graph_replay_equals_eager_and_batches_are_independent(frames):
 def test_enqueue_does_not_wait_for_the_gpu(frames, graphs):
     from streamd.engines.torch import TorchEngine
 
-    engine = TorchEngine(MODEL, max_batch=4, precision="fp16", device=0, cuda_graphs=graphs)
+    engine = TorchEngine(MODEL, EngineOptions(max_batch=4, precision="fp16", device=0, cuda_graphs=graphs))
     stream = torch.cuda.Stream()
     ours = Stream.borrow(stream.cuda_stream)
     x = torch.from_numpy(frames[:4]).cuda()
@@ -252,7 +257,7 @@ def test_enqueue_does_not_wait_for_the_gpu(frames, graphs):
 def test_calls_from_two_streams_are_ordered(frames):
     from streamd.engines.torch import TorchEngine
 
-    engine = TorchEngine(MODEL, max_batch=8, precision="fp16", device=0, cuda_graphs=True)
+    engine = TorchEngine(MODEL, EngineOptions(max_batch=8, precision="fp16", device=0, cuda_graphs=True))
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     x = torch.from_numpy(frames[:8]).cuda()
     y1 = torch.empty((8, 84, 3549), device="cuda")
@@ -269,8 +274,12 @@ def test_lanes_run_two_calls_at_once_with_the_same_results(frames):
     it after), and both lanes give what one lane gives on the same rows."""
     from streamd.engines.torch import TorchEngine
 
-    one = TorchEngine(MODEL, max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=1)
-    two = TorchEngine(MODEL, max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=2)
+    one = TorchEngine(
+        MODEL, EngineOptions(max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=1)
+    )
+    two = TorchEngine(
+        MODEL, EngineOptions(max_batch=16, precision="fp16", device=0, cuda_graphs=True, lanes=2)
+    )
     assert (one.lanes, two.lanes) == (1, 2)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     x1, x2 = torch.from_numpy(frames[:16]).cuda(), torch.from_numpy(frames[16:32]).cuda()
