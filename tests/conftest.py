@@ -1,11 +1,20 @@
-"""Shared fixtures: repo paths and a helper to run the streamd CLI as a real subprocess."""
+"""Shared fixtures: repo paths, helpers to run the streamd CLI as a real subprocess, and a running daemon with
+a metrics port (``metrics_daemon``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +27,8 @@ SCHEMA = ROOT / "streamd" / "data" / "result.schema.json"
 
 def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if "input" not in kw:
+        kw.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(
         [sys.executable, "-m", "streamd", *args],
         capture_output=True,
@@ -34,6 +45,7 @@ def start_streamd(config: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "streamd", "run", str(config), "--no-status", *extra],
         cwd=ROOT,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -54,3 +66,93 @@ def demo_run(assets) -> subprocess.CompletedProcess:
     proc = run_streamd("run", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    """(status, body) of a GET; an HTTP error status is an answer too."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class RunningDaemon:
+    """A supervisor (what ``streamd run`` runs) in a thread of the test process, serving its metrics port;
+    its worker processes are real. ``config`` is its config file, ``port`` the metrics port."""
+
+    def __init__(self, config: Path, port: int) -> None:
+        from streamd.config import load_config
+        from streamd.supervisor import Supervisor
+
+        self.config, self.port = config, port
+        self.supervisor = Supervisor(load_config(config), status_line=False)
+        self.codes: list[int] = []  # the exit status, once run() returned
+        self._thread = threading.Thread(target=lambda: self.codes.append(self.supervisor.run()), daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return http_get(self.url + path)
+
+    def metrics(self) -> dict:
+        """``/metrics`` parsed with prometheus-client's own parser: {family name: family}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return {f.name: f for f in text_string_to_metric_families(self.get("/metrics")[1].decode())}
+
+    def healthz(self) -> tuple[int, dict]:
+        code, body = self.get("/healthz")
+        return code, json.loads(body)
+
+    def wait_for(self, predicate: Callable[[], Any], what: str, timeout: float = 180) -> Any:
+        """``predicate()``'s first true value (an OSError counts as not yet: the port may not listen yet)."""
+        deadline, last = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+            except OSError as exc:
+                last = exc
+            if last and not isinstance(last, Exception):
+                return last
+            assert self._thread.is_alive(), f"the daemon ended with {self.codes}"
+            time.sleep(0.2)
+        raise AssertionError(f"timed out ({timeout} s) waiting for {what}; last: {last}")
+
+    def stop(self, timeout: float = 90) -> int | None:
+        """Stop (what SIGTERM does: the workers drain) and return the exit status."""
+        self.supervisor.stop.set()
+        self._thread.join(timeout)
+        return self.codes[0] if self.codes else None
+
+
+@pytest.fixture
+def metrics_daemon(tmp_path, assets) -> Iterator[Callable[[str], RunningDaemon]]:
+    """Starts a running daemon with a metrics port: ``metrics_daemon(config_yaml)`` writes the config (the
+    ``metrics:`` section with a free port is appended) and returns the ``RunningDaemon``; every daemon
+    started is stopped at the end."""
+    started: list[RunningDaemon] = []
+
+    def start(body: str) -> RunningDaemon:
+        port = free_port()
+        path = tmp_path / f"daemon{len(started)}.yaml"
+        path.write_text(body + metrics_section(port))
+        started.append(RunningDaemon(path, port))
+        return started[-1]
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def metrics_section(port: int) -> str:
+    return f"metrics:\n  enabled: true\n  port: {port}\n"

@@ -1,52 +1,34 @@
-"""Daemon behaviour through the real CLI: metrics over a real socket, a broken sink, a bad model."""
+"""Daemon behaviour: metrics over a real socket; through the CLI, a broken sink and a bad model."""
 
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import time
-import urllib.request
 
-from tests.conftest import CLIP, CLIP_HEVC, MODEL, run_streamd, start_streamd
+from tests.conftest import CLIP, CLIP_HEVC, MODEL, free_port, run_streamd
 from tests.test_reference_detections import NANODET_MODEL, write_config
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_metrics_and_health_over_http(tmp_path, assets) -> None:
-    port = free_port()
-    out = tmp_path / "out.jsonl"
+def test_metrics_and_health_over_http(tmp_path, metrics_daemon) -> None:
     cfg = tmp_path / "m.yaml"
-    write_config(cfg, f"  - id: cam\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true", out)
-    cfg.write_text(cfg.read_text() + f"metrics:\n  enabled: true\n  port: {port}\n")
-    proc = start_streamd(cfg)
-    try:
-        text, deadline = "", time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-                if "streamd_frames_total" in text and "streamd_frames_total 0.0\n" not in text:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        assert 'streamd_stream_up{stream="cam"} 1.0' in text, text
-        assert 'streamd_stream_worker{stream="cam",worker="0"} 1.0' in text, text
-        frames = float(
-            next(line.split()[1] for line in text.splitlines() if line.startswith("streamd_frames_total"))
-        )
-        assert frames > 0
-        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read())
-        assert health["ok"] is True and health["running_streams"] == ["cam"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err[-2000:]
+    write_config(
+        cfg, f"  - id: cam\n    url: {CLIP_HEVC}\n    realtime: true\n    loop: true", tmp_path / "o.jsonl"
+    )
+    daemon = metrics_daemon(cfg.read_text())
+
+    def delivering() -> str | None:
+        text = daemon.get("/metrics")[1].decode()
+        return text if "streamd_frames_total" in text and "streamd_frames_total 0.0\n" not in text else None
+
+    text = daemon.wait_for(delivering, "the first frames", 60)
+    assert 'streamd_stream_up{stream="cam"} 1.0' in text, text
+    assert 'streamd_stream_worker{stream="cam",worker="0"} 1.0' in text, text
+    frames = float(
+        next(line.split()[1] for line in text.splitlines() if line.startswith("streamd_frames_total"))
+    )
+    assert frames > 0
+    code, health = daemon.healthz()
+    assert code == 200 and health["ok"] is True and health["running_streams"] == ["cam"]
+    assert daemon.stop() == 0
 
 
 def test_broken_sink_does_not_stop_the_others(tmp_path, assets) -> None:

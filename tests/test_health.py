@@ -16,25 +16,20 @@ import contextlib
 import json
 import logging
 import shutil
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from streamd.config import load_config
 from streamd.config.errors import ConfigError
 from streamd.protocol import StreamReport, WorkerStats
 from streamd.supervisor import status
-from streamd.supervisor.lifecycle import Supervisor
 from streamd.supervisor.metrics import health, render
 from streamd.supervisor.pool import WorkerSlot
 from streamd.supervisor.server import MetricsServer
-from tests.conftest import CLIP
-from tests.sinks._helpers import free_port
+from tests.conftest import CLIP, free_port, metrics_section
+from tests.conftest import http_get as get
 from tests.test_reference_detections import NANODET_MODEL
 
 
@@ -118,18 +113,6 @@ def test_stream_down_and_stale_after_are_config_keys_with_key_path_errors(tmp_pa
 # -- a real supervisor ---------------------------------------------------------------------------------------
 
 
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def families(text: str) -> dict:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
 def samples(fams: dict, name: str, label: str) -> dict[str, float]:
     return {s.labels[label]: s.value for s in fams[name].samples if label in s.labels} if name in fams else {}
 
@@ -172,73 +155,53 @@ def mosquitto(tmp_path):
     b.stop()
 
 
-def _write(path, port: int, broker: int, dead_broker: int, camera: str, with_door: bool = True) -> None:
+def _config(out, broker: int, dead_broker: int, camera: str, with_door: bool = True) -> str:
     door = (
         f"  - id: door\n    url: {camera}\n    reconnect_initial_s: 0.5\n    reconnect_max_s: 2\n"
         if with_door
         else ""
     )
-    path.write_text(
+    return (
         f"streams:\n"
         f"  - id: demo\n    url: {CLIP}\n    realtime: true\n    loop: true\n    detect_fps: 2\n"
         f"  - id: short\n    url: {CLIP}\n    detect_fps: 1\n"  # ends: its worker finishes and exits
         f"{door}"
         f"{NANODET_MODEL}engine:\n  type: onnxruntime\n  threads: 1\n"
         f"pipeline:\n  workers: 2\n  batch_size: 2\n  spare_worker: false\n"
-        f"sinks:\n  - type: jsonl\n    path: {path.parent / 'out.jsonl'}\n"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n"
         f"  - type: mqtt\n    host: 127.0.0.1\n    port: {broker}\n    drops_ok: true\n"
         f"  - type: mqtt\n    host: 127.0.0.1\n    port: {dead_broker}\n    drops_ok: true\n"
         f"    reconnect_max_s: 2\n"
-        f"metrics:\n  enabled: true\n  port: {port}\n"
     )
 
 
 @pytest.mark.slow
 def test_refused_camera_is_degraded_503_when_strict_mqtt_and_metrics_follow(
-    tmp_path, assets, mosquitto, caplog
+    tmp_path, metrics_daemon, mosquitto, caplog
 ) -> None:
     """demo (a live file) and short (a file that ends) run; door is an RTSP camera on a port nobody listens on
     (connection refused, reconnecting). Two MQTT sinks: a real broker and one on a dead port."""
-    port, dead_broker = free_port(), free_port()
+    dead_broker, out = free_port(), tmp_path / "out.jsonl"
     camera = f"rtsp://user:secret@127.0.0.1:{free_port()}/stream1"
-    cfg = tmp_path / "health.yaml"
-    _write(cfg, port, mosquitto.port, dead_broker, camera)
-    config = load_config(cfg)
-    sup = Supervisor(config, status_line=False)
-    # The supervisor serves the default policy on metrics.port; the strict policy (metrics.stream_down:
-    # unhealthy) on a second server over the same live snapshot.
-    strict = MetricsServer("127.0.0.1", 0, sup.snapshot, stream_down="unhealthy")
-    strict.start()
-    base, strict_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{strict.address[1]}"
-    codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
     sub = Retained(mosquitto.port)
     dead_sink = f"mqtt:127.0.0.1:{dead_broker}"
+    with caplog.at_level(logging.INFO, logger="streamd"):
+        t0 = time.monotonic()
+        daemon = metrics_daemon(_config(out, mosquitto.port, dead_broker, camera))
+        sup = daemon.supervisor
+        # The supervisor serves the default policy on metrics.port; the strict policy (metrics.stream_down:
+        # unhealthy) on a second server over the same live snapshot.
+        strict = MetricsServer("127.0.0.1", 0, sup.snapshot, stream_down="unhealthy")
+        strict.start()
+        strict_base = f"http://127.0.0.1:{strict.address[1]}"
 
-    def poll(predicate, what: str, timeout: float = 180):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                last = predicate()
-            except OSError as exc:  # not listening yet
-                last = exc
-            if last and not isinstance(last, Exception):
-                return last
-            assert runner.is_alive(), f"the supervisor ended: {codes} {caplog.text[-3000:]}"
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; last: {last}")
+        def healthz(base: str = daemon.url) -> tuple[int, dict]:
+            code, body = get(f"{base}/healthz")
+            return code, json.loads(body)
 
-    def healthz(url: str = base) -> tuple[int, dict]:
-        code, body = get(f"{url}/healthz")
-        return code, json.loads(body)
-
-    try:
-        with caplog.at_level(logging.INFO, logger="streamd"):
-            t0 = time.monotonic()
-            runner.start()
+        try:
             # demo delivering, door down: degraded, door named with why, HTTP 200 (the default policy).
-            code, info = poll(
+            code, info = daemon.wait_for(
                 lambda: (
                     (r := healthz())[1]["streams"].get("demo", {}).get("health") == "ok"
                     and "door" in r[1]["down_streams"]
@@ -254,107 +217,98 @@ def test_refused_camera_is_degraded_503_when_strict_mqtt_and_metrics_follow(
             code, strict_info = healthz(strict_base)
             assert code == 503 and strict_info["status"] == "unhealthy", strict_info
             # MQTT: door's retained status is degraded (never online), with the reason in the detail.
-            poll(lambda: sub.last("streamd/door/status") == b"degraded", "door degraded on MQTT", 30)
+            daemon.wait_for(
+                lambda: sub.last("streamd/door/status") == b"degraded", "door degraded on MQTT", 30
+            )
             detail = json.loads(sub.last("streamd/door/status/detail") or b"{}")
             assert detail["state"] == "reconnecting" and detail["reason"].startswith("reconnecting")
             assert b"online" not in sub.words("streamd/door/status")
-            poll(lambda: sub.last("streamd/demo/status") == b"online", "demo online on MQTT", 30)
+            daemon.wait_for(lambda: sub.last("streamd/demo/status") == b"online", "demo online on MQTT", 30)
             # The unreachable broker: said once, counted as broken; the real one is not.
-            fams = poll(lambda: families(get(f"{base}/metrics")[1].decode()), "/metrics")
+            fams = daemon.wait_for(daemon.metrics, "/metrics")
             broken = samples(fams, "streamd_sink_broken", "sink")
             assert broken[dead_sink] == 1 and broken[f"mqtt:127.0.0.1:{mosquitto.port}"] == 0, broken
             up = samples(fams, "streamd_stream_up", "stream")
             assert up["door"] == 0 and up["demo"] == 1, up
-            down = {s.labels["stream"] for s in fams["streamd_stream_health"].samples
-                    if s.labels["health"] == "down" and s.value == 1}  # fmt: skip
+            health = fams["streamd_stream_health"].samples
+            down = {s.labels["stream"] for s in health if s.labels["health"] == "down" and s.value == 1}
             assert "door" in down and "demo" not in down
             # short ends: its worker finishes and exits; its series go with it.
-            poll(lambda: any(w.done and not w.alive for w in sup.workers), "the short file's worker finished")
+            finished = "the short file's worker finished"
+            daemon.wait_for(lambda: any(w.done and not w.alive for w in sup.workers), finished)
             gone = [str(w.index) for w in sup.workers if w.done and not w.alive]
-            fams = families(get(f"{base}/metrics")[1].decode())
+            fams = daemon.metrics()
             for name in ("streamd_batches", "streamd_worker_restarts"):
                 labels = set(samples(fams, name, "worker"))
                 assert labels and not labels & set(gone), (name, labels, gone)
             processes = set(samples(fams, "streamd_resident_memory_bytes", "process"))
             assert not processes & {f"worker-{g}" for g in gone}, processes
             # A reload removes door: its series end and health is ok again, under both policies.
-            _write(cfg, port, mosquitto.port, dead_broker, camera, with_door=False)
+            body = _config(out, mosquitto.port, dead_broker, camera, with_door=False)
+            daemon.config.write_text(body + metrics_section(daemon.port))
             sup.request_reload()  # what SIGHUP does
-            poll(lambda: "door" not in healthz()[1]["streams"], "door removed")
-            code, info = poll(lambda: (r := healthz())[1]["status"] == "ok" and r, "ok after the reload", 60)
-            assert code == 200 and get(f"{strict_base}/healthz")[0] == 200
-            text = get(f"{base}/metrics")[1].decode()
-            assert 'stream="door"' not in text
-            poll(lambda: sub.last("streamd/door/status") == b"offline", "door offline on MQTT", 30)
-    finally:
-        sup.stop.set()
-        runner.join(timeout=90)
-        strict.close()
-        sub.close()
+            daemon.wait_for(lambda: "door" not in healthz()[1]["streams"], "door removed")
+            ok_again = daemon.wait_for(
+                lambda: (r := healthz())[1]["status"] == "ok" and r, "ok after reload", 60
+            )
+            assert ok_again[0] == 200 and get(f"{strict_base}/healthz")[0] == 200
+            assert 'stream="door"' not in daemon.get("/metrics")[1].decode()
+            daemon.wait_for(lambda: sub.last("streamd/door/status") == b"offline", "door offline on MQTT", 30)
+        finally:
+            code = daemon.stop()
+            strict.close()
+            sub.close()
     unreachable = [r for r in caplog.records if "cannot reach the broker" in r.getMessage()]
-    print(f"degraded after {t_degraded:.1f} s; unreachable-broker log lines: {len(unreachable)}; "
-          f"MQTT door: {sub.words('streamd/door/status')}")  # fmt: skip
+    door_words = sub.words("streamd/door/status")
+    print(f"degraded after {t_degraded:.1f} s; unreachable lines: {len(unreachable)}; door {door_words}")
     assert len(unreachable) == 1 and dead_sink in unreachable[0].getMessage()
     assert "secret" not in caplog.text
-    assert codes == [0], caplog.text[-3000:]  # the dead broker's sink says drops_ok
+    assert code == 0, caplog.text[-3000:]  # the dead broker's sink says drops_ok
 
 
 @pytest.mark.slow
-def test_a_wedged_worker_shows_its_streams_down_within_seconds(tmp_path, assets) -> None:
+def test_a_wedged_worker_shows_its_streams_down_within_seconds(tmp_path, metrics_daemon) -> None:
     """SIGSTOP of the worker process: its last stats say ``running`` forever, but it sends nothing more.
     Within a few seconds its stream is down (``unresponsive``, then ``restarting`` once the pool kills it)
     and /healthz is 503 (its only stream is down); it delivers again afterwards."""
     import os
     import signal
 
-    port = free_port()
-    cfg = tmp_path / "wedge.yaml"
-    cfg.write_text(
+    daemon = metrics_daemon(
         f"streams:\n  - id: demo\n    url: {CLIP}\n    realtime: true\n    loop: true\n    detect_fps: 2\n"
         f"{NANODET_MODEL}engine:\n  type: onnxruntime\n  threads: 1\n"
         f"pipeline:\n  workers: 1\n  spare_worker: false\n"
         f"sinks:\n  - type: jsonl\n    path: {tmp_path / 'out.jsonl'}\n"
-        f"metrics:\n  enabled: true\n  port: {port}\n"
     )
-    sup = Supervisor(load_config(cfg), status_line=False)
-    codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
-    runner.start()
+    sup = daemon.supervisor
 
-    def wait(predicate, what: str, timeout: float):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if found := predicate():
-                return found
-            assert runner.is_alive(), f"the supervisor ended: {codes}"
-            time.sleep(0.1)
-        raise AssertionError(f"timed out ({timeout} s) waiting for {what}: {sup.snapshot()['per_stream']}")
+    def demo() -> dict:
+        return sup.snapshot()["per_stream"]["demo"]
 
+    daemon.wait_for(lambda: demo()["health"] == "ok", "demo running", 180)
+    pid = sup.workers[0].process.pid
+    os.kill(pid, signal.SIGSTOP)
     try:
-        wait(lambda: sup.snapshot()["per_stream"]["demo"]["health"] == "ok", "demo running", 180)
-        pid = sup.workers[0].process.pid
-        os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         seen: list[tuple[float, str, str]] = []
 
         def down() -> dict | None:
-            s = sup.snapshot()["per_stream"]["demo"]
+            s = demo()
             if not seen or seen[-1][1] != s["state"]:
                 seen.append((round(time.monotonic() - stopped, 1), s["state"], s["health_reason"]))
             return s if s["health"] == "down" else None
 
-        s = wait(down, "demo down", 30)
+        s = daemon.wait_for(down, "demo down", 30)
         t_down = time.monotonic() - stopped
-        code, body = get(f"http://127.0.0.1:{port}/healthz")
-        info = json.loads(body)
-        wait(lambda: (down() or True) and sup.snapshot()["per_stream"]["demo"]["health"] == "ok", "back", 180)
-        print(f"SIGSTOP -> down after {t_down:.1f} s ({s['state']}: {s['health_reason']}); /healthz {code} "
-              f"{info['status']}; states seen {seen}")  # fmt: skip
+        code, info = daemon.healthz()
+        daemon.wait_for(lambda: (down() or True) and demo()["health"] == "ok", "back", 180)
+        print(
+            f"SIGSTOP -> down after {t_down:.1f} s ({s['state']}: {s['health_reason']}); /healthz {code} "
+            f"{info['status']}; states seen {seen}"
+        )
         assert t_down < 10, "down within 10 s"
         assert s["state"] in ("unresponsive", "stale", "restarting", "running"), s
         assert code == 503 and info["status"] == "unhealthy" and "demo" in info["down_streams"]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-        sup.stop.set()
-        runner.join(timeout=90)

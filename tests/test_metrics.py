@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import cv2
 import numpy as np
@@ -19,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamd.latency import LATENCY_BUCKETS_MS, LatencyHistograms
 from streamd.supervisor.metrics import render
 from streamd.supervisor.server import MetricsServer
-from tests.conftest import ROOT
-from tests.sinks._helpers import CLIP, config_with_sinks, free_port
+from tests.conftest import http_get as get
+from tests.sinks._helpers import CLIP, config_with_sinks
 
 
 def snapshot(stalled_stream: bool = False, wedged: bool = False) -> dict:
@@ -74,14 +68,6 @@ def test_metrics_parse_with_histograms_and_labels() -> None:
     rss = {s.labels["process"]: s.value for s in fams["streamd_resident_memory_bytes"].samples}
     assert rss["supervisor"] > 0 and rss["worker-0"] == 123456789
     print(f"{len(fams)} metric families; total-latency buckets for door: {total}")
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def test_healthz_degraded_names_a_down_stream_503_when_strict_all_down_or_wedged() -> None:
@@ -151,44 +137,26 @@ def green_pixels(jpeg: bytes) -> int:
     return int(((g > 180) & (r < 90) & (b < 90)).sum())
 
 
-def test_daemon_serves_metrics_health_and_a_snapshot_with_boxes(tmp_path, assets) -> None:
-    port = free_port()
+def test_daemon_serves_metrics_health_and_a_snapshot_with_boxes(tmp_path, metrics_daemon) -> None:
     cfg = config_with_sinks(
         tmp_path / "m.yaml", f"  - type: jsonl\n    path: {tmp_path / 'o.jsonl'}\n", clip=CLIP, live=True,
-        stream_id="demo", extra=f"metrics:\n  enabled: true\n  port: {port}\n",
+        stream_id="demo",
     )  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline, fams = time.monotonic() + 120, {}
-        while time.monotonic() < deadline:
-            try:
-                fams = families(get(f"{base}/metrics")[1].decode())
-                if fams["streamd_frames"].samples[0].value >= 20:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        hist = [
-            s for s in fams["streamd_latency_seconds"].samples if s.name == "streamd_latency_seconds_count"
-        ]
-        stages = {s.labels["stage"] for s in hist if s.labels["stream"] == "demo" and s.value > 0}
-        assert {"preprocess", "infer", "postprocess", "queue", "total"} <= stages, stages
-        code, body = get(f"{base}/healthz")
-        assert code == 200 and json.loads(body)["streams"]["demo"]["state"] == "running"
-        code, jpeg = get(f"{base}/streams/demo/snapshot.jpg")
-        assert code == 200 and jpeg[:2] == b"\xff\xd8"
-        print(f"{len(fams)} families, stages {sorted(stages)}, snapshot {len(jpeg)} bytes, "
-              f"{green_pixels(jpeg)} box pixels")  # fmt: skip
-        assert green_pixels(jpeg) > 200, "boxes drawn"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-2000:]
+    daemon = metrics_daemon(cfg.read_text())
+    fams = daemon.wait_for(
+        lambda: (f := daemon.metrics()) and f["streamd_frames"].samples[0].value >= 20 and f, "20 frames", 120
+    )
+    hist = [s for s in fams["streamd_latency_seconds"].samples if s.name == "streamd_latency_seconds_count"]
+    stages = {s.labels["stage"] for s in hist if s.labels["stream"] == "demo" and s.value > 0}
+    assert {"preprocess", "infer", "postprocess", "queue", "total"} <= stages, stages
+    code, info = daemon.healthz()
+    assert code == 200 and info["streams"]["demo"]["state"] == "running"
+    code, jpeg = daemon.get("/streams/demo/snapshot.jpg")
+    assert code == 200 and jpeg[:2] == b"\xff\xd8"
+    boxes = green_pixels(jpeg)
+    print(f"{len(fams)} families, stages {sorted(stages)}, snapshot {len(jpeg)} bytes, {boxes} box pixels")
+    assert boxes > 200, "boxes drawn"
+    assert daemon.stop() == 0
 
 
 def test_gpu_memory_from_nvidia_smi_without_cuda(tmp_path, monkeypatch) -> None:

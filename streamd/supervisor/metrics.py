@@ -34,9 +34,10 @@ GPU memory needs no CUDA in the supervisor: where ``nvidia-smi`` exists, it is a
 each GPU's used memory and each process's, matched to the workers' ``pid`` (values in the snapshot win).
 
 Histograms arrive as data, not as calls: each worker keeps one ``LatencyHistograms`` per stream, calls
-``observe(result.latency_ms)`` per frame result (a few bisects) and ships ``to_dict()`` with its stats every
-0.5 s; the supervisor sums them over every process that carried the stream (restarts, the spare, reload
-moves), so they never go back.
+``observe(result.latency_ms)`` per frame result (a few bisects) and ships its ``snapshot()`` in its
+``protocol.WorkerStats`` at least once a second; the supervisor sums them over every process that carried the
+stream (restarts, the spare, reload moves), so they never go back, and puts them in the snapshot dict in the
+``to_dict()`` form above.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ class Pipeline:
         self.decoder = ""
         self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
         self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
-        # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked (ops).
+        # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked.
         self.latest = LatestFrames(config.model.class_names)
         # Rates over the last completed window of >= 2 s: results and decoded fps, and whether a live stream
         # is behind real time (decoding slower than its frame rate, or dropping): the box is overloaded.
@@ -227,7 +227,7 @@ class Pipeline:
             self.analytics.pop(sc.id, None)
         if resume is not None:
             worker.resume_at(resume.index, resume.pts, resume.wall_time)
-        if self.decoder == "nvdec":  # the status page: one surface copied to the host per request (ops)
+        if self.decoder == "nvdec":  # the status page: one surface copied to the host per request
             worker.on_frame = self.latest.capture
         self.latency.setdefault(sc.id, LatencyHistograms())
         return worker
@@ -253,9 +253,10 @@ class Pipeline:
                 self.stop.forget(w.stop)
                 self._retire_counters(w)
                 self.workers.remove(w)
-                if w._index:  # where its successor continues: frame numbering and timeline
-                    wall = time.time() - max(0.0, time.monotonic() - w._last_frame_time)
-                    positions[w.cfg.id] = Resume(w._index, w._last_out, wall)
+                index, pts, arrived = w.position()
+                if index:  # where its successor continues: frame numbering and timeline
+                    wall = time.time() - max(0.0, time.monotonic() - arrived)
+                    positions[w.cfg.id] = Resume(index, pts, wall)
             # The successors' queues join the batcher before the old ones are gone: a worker whose only
             # stream changes must not read as finished in between.
             arriving = [
@@ -321,7 +322,7 @@ class Pipeline:
         """Lines analytics writes outside a result (predicted boxes of skipped frames, held events)."""
         worker = next((w for w in reversed(self.workers) if w.cfg.id == stream_id), None)
         r = self._resume.get(stream_id)
-        index = worker._index - 1 if worker is not None else (r.index if r else 0)
+        index = worker.position()[0] - 1 if worker is not None else (r.index if r else 0)
         self._emit([Record(stream_id, index, None, time.time(), line) for line in lines])
 
     def start(self) -> None:

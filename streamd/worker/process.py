@@ -82,18 +82,11 @@ class _Channel:
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of a worker process (multiprocessing, spawn)."""
-    # Ctrl-C in a terminal reaches the whole process group: the supervisor decides, the worker follows it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload/reopen is the supervisor's business
-    config = spec.config
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker{spec.index} %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Entry point of a worker process (multiprocessing, spawn): build, say Ready, run until the streams end
+    or the supervisor says stop, say Done."""
+    _set_up_process(spec)
     channel = _Channel(conn)
-    streams = [s for s in config.streams if s.id in spec.stream_ids]
+    streams = [s for s in spec.config.streams if s.id in spec.stream_ids]
     last_stats = 0.0
 
     def emit(records: list[Record]) -> None:
@@ -104,59 +97,78 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             channel.send_stats(pipeline)
         channel.send(Lines(records))
 
-    pipeline = Pipeline(config, streams, emit, device=spec.device, resume=spec.resume)
-    # systemd (KillMode=control-group) or an operator may signal the worker directly: drain like "stop".
+    pipeline = Pipeline(spec.config, streams, emit, device=spec.device, resume=spec.resume)
+    # systemd (KillMode=control-group) or an operator may signal the worker directly: drain like Stop.
     signal.signal(signal.SIGTERM, lambda *_: pipeline.stop.set())
-    try:
-        pipeline.build()
-    except StartupError as exc:
-        channel.send(StartFailed(exc.code, str(exc)))
+    if not _build(spec, pipeline, channel):
         return
-    except Exception as exc:
-        log.debug("start-up failure", exc_info=True)
-        channel.send(StartFailed(EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
-        return
-    # What start-up built lives as long as the process: the GC need not walk it again (~0.2 s pauses).
-    gc.collect()
-    gc.freeze()
     go = threading.Event()
     if not spec.hold:
         go.set()
     adoption: list[Adopt] = []  # a spare's streams
-    commands = threading.Thread(
-        target=_commands, args=(conn, channel, pipeline, go, adoption), name="commands"
-    )
-    commands.daemon = True
-    commands.start()
+    threading.Thread(
+        target=_commands, args=(conn, channel, pipeline, go, adoption), name="commands", daemon=True
+    ).start()
     # A sign of life once a second for as long as the process lives (held, running, draining): a worker
     # that falls silent is wedged, and the supervisor kills it.
     threading.Thread(target=_heartbeat, args=(channel, pipeline), name="heartbeat", daemon=True).start()
     try:
-        stages = pipeline.stages
-        ready = Ready(
-            os.getpid(),
-            stages.engine.name if stages else "?",
-            bool(stages and stages.engine.on_device),
-            pipeline.decoder,
-        )
-        channel.send(ready)
-        while not go.wait(0.25):  # the first start: streams begin when every worker is built
-            if pipeline.stop.is_set() or channel.closed:
-                break
-        if adoption:  # a spare taking over a dead worker's streams
-            pipeline.adopt(adoption[0].streams, adoption[0].resume)
-            channel.send(ready)
-        if go.is_set() and not pipeline.stop.is_set():
-            pipeline.start()
-        while not pipeline.join(timeout=0.5):
-            channel.send_stats(pipeline)
-            if channel.closed:
-                pipeline.abort()
+        _run(pipeline, channel, go, adoption)
     finally:
         pipeline.close()
         logutil.flush_all()  # counts of repeated warnings still held back
         channel.send_stats(pipeline)
         channel.send(Done(pipeline.failed))
+
+
+def _set_up_process(spec: WorkerSpec) -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the supervisor decides, the worker follows it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reload/reopen is the supervisor's business
+    logging.basicConfig(
+        level=spec.config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker{spec.index} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _build(spec: WorkerSpec, pipeline: Pipeline, channel: _Channel) -> bool:
+    """Build the engine and stages; a failure goes to the supervisor as StartFailed (False)."""
+    try:
+        pipeline.build()
+    except StartupError as exc:
+        channel.send(StartFailed(exc.code, str(exc)))
+        return False
+    except Exception as exc:
+        log.debug("start-up failure", exc_info=True)
+        channel.send(StartFailed(EX_SOFTWARE, f"worker {spec.index}: {type(exc).__name__}: {exc}"))
+        return False
+    # What start-up built lives as long as the process: the GC need not walk it again (~0.2 s pauses).
+    gc.collect()
+    gc.freeze()
+    return True
+
+
+def _run(pipeline: Pipeline, channel: _Channel, go: threading.Event, adoption: list[Adopt]) -> None:
+    """Ready; wait for Go (or Adopt, for a spare); run until every frame has gone through."""
+    stages = pipeline.stages
+    engine = stages.engine if stages is not None else None
+    ready = Ready(
+        os.getpid(), engine.name if engine else "?", bool(engine and engine.on_device), pipeline.decoder
+    )
+    channel.send(ready)
+    while not go.wait(0.25):  # the first start: streams begin when every worker is built
+        if pipeline.stop.is_set() or channel.closed:
+            break
+    if adoption:  # a spare taking over a dead worker's streams
+        pipeline.adopt(adoption[0].streams, adoption[0].resume)
+        channel.send(ready)
+    if go.is_set() and not pipeline.stop.is_set():
+        pipeline.start()
+    while not pipeline.join(timeout=0.5):
+        channel.send_stats(pipeline)
+        if channel.closed:
+            pipeline.abort()
 
 
 def _commands(
