@@ -1,5 +1,5 @@
-"""Does the torch engine compute what the ONNX model says? The TF-exported CenterNet (issue 13) on real
-frames.
+"""Does the torch engine compute what the ONNX model says? The TF-exported CenterNet (its Resize
+coordinate modes are what onnx2torch mapped wrongly) on real frames.
 
 models/centernet-mbv3-coco.onnx (tf2onnx, end2end [1, 100, 6], batch fixed at 1; tools/make_centernet.sh) on
 N frames spread over samples/vtest.mp4, stretched to 512², RGB 0–255: ONNX Runtime CPU (the reference) vs the

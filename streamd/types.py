@@ -1,7 +1,8 @@
 """Value types shared by every stage of the data flow.
 
 Each hop of the pipeline turns one of these into the next:
-Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> slot -> ``FrameResult`` -> sinks.
+Source/Decoder -> ``Frame`` -> Batcher -> ``list[Frame]`` -> slot (``streamd.stages.contract.Slot``) ->
+``FrameResult`` -> analytics -> JSON line (``streamd.worker.output``) -> sinks.
 On the GPU path a frame's pixels are device memory described by ``Nv12Surface`` (what NVDEC writes; the one
 NV12 type: the decoder's lease exposes it as ``planes``) or ``PackedSurface`` (a CPU-decoded frame uploaded).
 Arrays are numpy; shapes are in the docstrings and checked on construction.
@@ -194,7 +195,8 @@ class Detections:
 
 @dataclass(slots=True)
 class FrameResult:
-    """What the pipeline says about one frame; sinks turn it into one JSON line."""
+    """What the pipeline says about one frame; the worker's output edge (``streamd.worker.output``) turns it,
+    with its analytics, into one JSON line."""
 
     frame: Frame
     detections: Detections  # boxes in source pixels

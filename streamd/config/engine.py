@@ -13,7 +13,8 @@ DEFAULT_CACHE_DIR = Path("~/.cache/streamd").expanduser()
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The inference backend. ``auto``: TensorRT if usable, else torch with CUDA, else ONNX Runtime (CPU)."""
+    """The inference backend. ``auto``: TensorRT if usable, else torch with CUDA, else ONNX Runtime (its CUDA
+    execution provider when onnxruntime-gpu sees a GPU, else the CPU)."""
 
     type: Literal["auto", "tensorrt", "torch", "onnxruntime"] = opt("auto", "the inference backend")
     precision: Literal["fp32", "fp16", "int8"] = opt(

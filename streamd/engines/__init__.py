@@ -6,6 +6,15 @@ import, build, load, or pass ``streamd.checks.verify``'s start-up check) is logg
 """
 
 from streamd.engines.base import Engine, EngineError
+from streamd.engines.options import EngineOptions, Machine
 from streamd.engines.registry import backend_order, create_engine, next_backend
 
-__all__ = ["Engine", "EngineError", "backend_order", "create_engine", "next_backend"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineOptions",
+    "Machine",
+    "backend_order",
+    "create_engine",
+    "next_backend",
+]

@@ -1,10 +1,10 @@
 """``engine.compile``: the converted model through ``torch.compile`` (Inductor, Triton kernels on the GPU).
 
 A converted ONNX model runs as many small memory-bound kernels next to its convolutions: a bias add after
-every convolution, its activation, concatenations, the pad before a pool. At batch 32 on an H200 those were
-most of NanoDet's time (tools/engine_probe.py); Inductor fuses them. The price is a compile at start-up
-(NanoDet on an H200: 55 s for batches >= 2, 40 s for batch 1; Inductor caches its kernels on disk, so later
-starts are quicker). The batch dimension is compiled as dynamic, so every batch size from 2 up shares one
+every convolution, its activation, concatenations, the pad before a pool. At large batches on a fast GPU
+those take most of NanoDet's time (tools/engine_probe.py measures it); Inductor fuses them. The price is a
+compile at start-up, about a minute (bench/RESULTS.md; Inductor caches its kernels on disk, so later starts
+are quicker). The batch dimension is compiled as dynamic, so every batch size from 2 up shares one
 compile (batch 1 is specialised).
 
 Dynamo cannot trace onnx2torch's ``OnnxReshape`` (it builds a ``torch.Size`` from a tensor), so reshapes to a

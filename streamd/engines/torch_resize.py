@@ -121,9 +121,14 @@ def exact_resize_class() -> type:
             self._tables: dict[tuple[Any, ...], list[tuple[int, Any, Any, Any]]] = {}
 
         def _plan(
-            self, shape: tuple[int, ...], roi: list[float] | None, scales: list[float] | None,
-            sizes: list[int] | None, device: Any, dtype: Any,
-        ) -> list[tuple[int, Any, Any, Any]]:  # fmt: skip
+            self,
+            shape: tuple[int, ...],
+            roi: list[float] | None,
+            scales: list[float] | None,
+            sizes: list[int] | None,
+            device: Any,
+            dtype: Any,
+        ) -> list[tuple[int, Any, Any, Any]]:
             key = (shape, tuple(roi or ()), tuple(scales or ()), tuple(sizes or ()), device, dtype)
             plan = self._tables.get(key)
             if plan is not None:
@@ -145,9 +150,16 @@ def exact_resize_class() -> type:
                 if n_out == n_in and scale == 1.0 and not crop:
                     continue  # identity on this axis in every mode
                 idx, w, outside = axis_table(
-                    n_in, n_out, scale, mode=self.mode, coord=self.coord, nearest_mode=self.nearest_mode,
-                    cubic_a=self.cubic_a, exclude_outside=self.exclude_outside, roi=span,
-                )  # fmt: skip
+                    n_in,
+                    n_out,
+                    scale,
+                    mode=self.mode,
+                    coord=self.coord,
+                    nearest_mode=self.nearest_mode,
+                    cubic_a=self.cubic_a,
+                    exclude_outside=self.exclude_outside,
+                    roi=span,
+                )
                 fill = None
                 if outside.any():
                     fill = torch.tensor(outside * self.extrapolation_value, dtype=dtype, device=device)
@@ -170,7 +182,7 @@ def exact_resize_class() -> type:
             """``F.interpolate`` where it computes the ONNX formula itself: 4-D, only H and W resized, linear
             with half_pixel or align_corners, nearest with asymmetric + floor by powers of two (1/scale is
             then exact in float). Its native kernels read channels-last directly; the gathers below cost
-            NanoDet about a sixth of its time on an H200 (tools/engine_probe.py). None: not such a resize."""
+            NanoDet a sizeable share of its GPU time (tools/engine_probe.py). None: not such a resize."""
             if x.dim() != 4 or self.exclude_outside:
                 return None
             if self.mode == "linear" and self.coord in ("half_pixel", "align_corners"):

@@ -40,8 +40,8 @@ from streamd.stages.preprocess.spec import PreprocessSpec
 from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-# Memcpy threads for host frames: one core's memcpy bounded a batch-32 ring (42 MB per batch), four still
-# made S1 the ring's slowest stage on a 16-core H200 host (2026-11-30); half the cores, at most 8.
+# Memcpy threads for host frames: packing a large batch (tens of MB) on one or a few cores makes S1 the ring's
+# slowest stage, so half the cores pack, at most 8 (bench/RESULTS.md).
 PACK_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) // 2))
 PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than several can be woken
 
@@ -88,9 +88,13 @@ class GpuStages:
         out_shape = engine.output_shape
         num_anchors = out_shape[2] if post.layout == "yolov8" else out_shape[1]
         self.post = GpuPostprocessor(
-            post, self.ctx, max_batch=self.max_batch, num_anchors=num_anchors,
-            dtype=_DTYPE_NAMES[out_dtype], loader=self.loader,
-        )  # fmt: skip
+            post,
+            self.ctx,
+            max_batch=self.max_batch,
+            num_anchors=num_anchors,
+            dtype=_DTYPE_NAMES[out_dtype],
+            loader=self.loader,
+        )
         self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
         self._out_bytes = int(np.prod(out_shape[1:])) * out_dtype.itemsize
         self._buffers: list[_GpuBuffers] = []
@@ -216,9 +220,11 @@ class GpuStages:
         e0, e1, e2, e3 = buf.events
         e3.synchronize()
         slot.stage_ms.update(
-            preprocess=e0.elapsed_ms(e1), infer=e1.elapsed_ms(e2), postprocess=e2.elapsed_ms(e3),
+            preprocess=e0.elapsed_ms(e1),
+            infer=e1.elapsed_ms(e2),
+            postprocess=e2.elapsed_ms(e3),
             host_wait=(time.perf_counter() - t) * 1e3,
-        )  # fmt: skip
+        )
         frames = slot.frames
         return buf.host.source_detections(slot.transforms, [(f.width, f.height) for f in frames])
 

@@ -270,15 +270,35 @@ class GpuPostprocessor:
             ctypes.c_uint64(self._counts.ptr),
         )
         decode = PackedArgs(
-            (ctypes.c_uint64(output), n_anchors, num_classes, score_thr, keys, boxes, classes, counts,
-             ctypes.c_uint64(thresholds))
-        )  # fmt: skip
+            (
+                ctypes.c_uint64(output),
+                n_anchors,
+                num_classes,
+                score_thr,
+                keys,
+                boxes,
+                classes,
+                counts,
+                ctypes.c_uint64(thresholds),
+            )
+        )
         nms = PackedArgs(
-            (keys, boxes, classes, counts, n_anchors,
-             ctypes.c_int(self.kcap), ctypes.c_int(self.sort_cap), ctypes.c_int(self.max_det),
-             iou_thr, do_nms, ctypes.c_uint64(self._mask.ptr),
-             ctypes.c_uint64(det), ctypes.c_uint64(det_counts))
-        )  # fmt: skip
+            (
+                keys,
+                boxes,
+                classes,
+                counts,
+                n_anchors,
+                ctypes.c_int(self.kcap),
+                ctypes.c_int(self.sort_cap),
+                ctypes.c_int(self.max_det),
+                iou_thr,
+                do_nms,
+                ctypes.c_uint64(self._mask.ptr),
+                ctypes.c_uint64(det),
+                ctypes.c_uint64(det_counts),
+            )
+        )
         return decode, nms
 
     def close(self) -> None:

@@ -123,9 +123,21 @@ def _record(key: tuple, spec: PreprocessSpec) -> tuple[np.ndarray, Transform]:
     record = np.zeros(1, FRAME_DTYPE)
     # Field order of FRAME_DTYPE; the scales are derived as OpenCV derives them (1 / (dst / src)).
     record[0] = (
-        0, 0, 1.0 / (nw / width), 1.0 / (nh / height), *pitches, width, height, fmt, uv16,
-        int(t.pad_x), int(t.pad_y), nw, nh, *coefficients,
-    )  # fmt: skip
+        0,
+        0,
+        1.0 / (nw / width),
+        1.0 / (nh / height),
+        *pitches,
+        width,
+        height,
+        fmt,
+        uv16,
+        int(t.pad_x),
+        int(t.pad_y),
+        nw,
+        nh,
+        *coefficients,
+    )
     record.flags.writeable = False  # shared by every batch with this geometry
     return record, t
 
@@ -251,9 +263,15 @@ class GpuPreprocessor:
             if len(self._packed) > 256:
                 self._packed.clear()
             args = self._packed[key] = PackedArgs(
-                (ctypes.c_uint64(key[0]), ctypes.c_uint64(key[1]), ctypes.c_int(self.spec.width),
-                 ctypes.c_int(self.spec.height), self._rgb, self._norm)
-            )  # fmt: skip
+                (
+                    ctypes.c_uint64(key[0]),
+                    ctypes.c_uint64(key[1]),
+                    ctypes.c_int(self.spec.width),
+                    ctypes.c_int(self.spec.height),
+                    self._rgb,
+                    self._norm,
+                )
+            )
         self.kernel.launch(stream, grid, block, args)
         event = self._events[prepared.entry] or Event()
         event.record(stream)
