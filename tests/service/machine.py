@@ -2,8 +2,9 @@
 
 /etc, /opt and /var are overlays over the host's (what the test installs lands in a tmpfs that disappears
 with the namespace; the host keeps its users, units and files), /tmp, /run, /var/tmp and /var/log are fresh
-tmpfs (systemd's boot-time clean-up would otherwise empty the host's /tmp). Commands run inside through
-nsenter; files inside are read from the host through /proc/PID/root.
+tmpfs (systemd's boot-time clean-up would otherwise empty the host's /tmp). The checkout under test is
+bound at ``CHECKOUT`` first, so it stays reachable wherever it lies (a CI clone under /tmp would be hidden).
+Commands run inside through nsenter; files inside are read from the host through /proc/PID/root.
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ from pathlib import Path
 SYSTEMD = Path("/lib/systemd/systemd")
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private"]
 
-# Runs as "sh -c SCRIPT STAGE" inside the new namespaces, then becomes systemd.
+CHECKOUT = "/opt/streamd-checkout"  # where the checkout under test appears inside (in the /opt overlay)
+
+# Runs as "sh -c SCRIPT STAGE CHECKOUT_ON_HOST" inside the new namespaces, then becomes systemd.
 _BOOT = r"""
 set -e
 stage=$0
+src=$1
 mount -t tmpfs -o mode=0700 tmpfs "$stage"
 for d in etc opt var; do
     mkdir -p "$stage/$d/up" "$stage/$d/work"
     mount -t overlay overlay -o "lowerdir=/$d,upperdir=$stage/$d/up,workdir=$stage/$d/work" "/$d"
 done
+mkdir -p /opt/streamd-checkout && mount --bind "$src" /opt/streamd-checkout
 for d in /tmp /run /var/tmp /var/log; do mount -t tmpfs tmpfs "$d"; done
 # no timers (apt, logrotate, man-db) firing mid-test; basic.target: none of the host's daemons (mosquitto...)
 ln -sf /dev/null /etc/systemd/system/timers.target
@@ -67,8 +72,9 @@ def unavailable() -> str | None:
 
 
 class PrivateSystemd:
-    def __init__(self, stage: Path) -> None:
+    def __init__(self, stage: Path, checkout: Path) -> None:
         self.stage = stage
+        self.checkout = checkout
         self.stage.mkdir(parents=True, exist_ok=True)
         self.log = stage.with_suffix(".log")
         self.pid = 0
@@ -77,7 +83,7 @@ class PrivateSystemd:
     def boot(self, timeout: float = 60) -> None:
         with self.log.open("wb") as log:
             self._unshare = subprocess.Popen(
-                [*UNSHARE, "sh", "-c", _BOOT, str(self.stage)],
+                [*UNSHARE, "sh", "-c", _BOOT, str(self.stage), str(self.checkout)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

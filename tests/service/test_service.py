@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.conftest import ROOT
-from tests.service.machine import PrivateSystemd, unavailable
+from tests.service.machine import CHECKOUT, PrivateSystemd, unavailable
 
 UNIT = "streamd.service"
 CONFIG = "/etc/streamd/streamd.yaml"
 OUTPUT = "/var/lib/streamd/detections.jsonl"
-INSTALL = str(ROOT / "systemd" / "install.sh")
+INSTALL = f"{CHECKOUT}/systemd/install.sh"  # the checkout as the private systemd sees it
 WATCHDOG_S = 30
 RESTART_S = 5
 STOP_TIMEOUT_S = 30
@@ -42,7 +42,7 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory) -> Iterator[PrivateSystemd]:
-    machine = PrivateSystemd(tmp_path_factory.mktemp("service") / "root")
+    machine = PrivateSystemd(tmp_path_factory.mktemp("service") / "root", ROOT)
     machine.boot()
     try:
         yield machine
