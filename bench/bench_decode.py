@@ -156,12 +156,12 @@ def raw_case(nvc, clip: str, passes: int):
 
 def ours_case(clip: str, passes: int, demux: str):
     from streamd.ingest.decode.nvdec import NvdecDecoder
-    from streamd.ingest.sources import demuxer_class
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
 
     cls = demuxer_class(demux)
 
     def setup(_i: int):
-        dmx = cls(clip, annexb=True)
+        dmx = cls(clip, DemuxOptions(annexb=True))
         return dmx, NvdecDecoder(dmx.info, pool_size=8)
 
     def work(state) -> int:
@@ -171,7 +171,7 @@ def ours_case(clip: str, passes: int, demux: str):
             for p in range(passes):
                 if p:
                     dmx.close()
-                    dmx = cls(clip, annexb=True)
+                    dmx = cls(clip, DemuxOptions(annexb=True))
                 for packet in dmx.packets():
                     for pic in dec.decode(packet):
                         pic.surface.release()
@@ -204,9 +204,9 @@ def main() -> int:
             return 0
     import PyNvVideoCodec as nvc
 
-    from streamd.ingest.sources import demuxer_class
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
 
-    probe = demuxer_class(args.demux)(str(args.clip), annexb=True)
+    probe = demuxer_class(args.demux)(str(args.clip), DemuxOptions(annexb=True))
     info = probe.info
     clip_frames = sum(1 for _ in probe.packets())
     probe.close()
