@@ -1,5 +1,5 @@
-"""Host cost of the per-stream analytics (issue 9) per frame, on synthetic walkers: CPU time of
-``StreamAnalytics.on_result`` (tracking, zones, events, the JSON line) vs the plain JSON line, for several
+"""Host cost of the per-stream analytics per frame, on synthetic walkers: CPU time of
+``StreamAnalytics.annotate`` and its JSON lines (tracking, zones, events) vs the plain JSON line, for several
 object counts. The analytics run in the worker's result thread, so this is what tracking adds per frame to
 that thread (and to the GIL).
 
@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from streamd.analytics.stream import StreamAnalytics  # noqa: E402
 from streamd.config import parse_config  # noqa: E402
 from streamd.config.coco import COCO_NAMES  # noqa: E402
-from streamd.sinks.record import to_json_line  # noqa: E402
 from streamd.types import Detections, Frame, FrameResult  # noqa: E402
+from streamd.worker.output import encode_all, frame_line  # noqa: E402
 
 
 def walkers(frames: int, objects: int, seed: int = 0) -> list[Detections]:
@@ -78,10 +78,10 @@ def main() -> None:
         row = {"objects": n}
         for name, data in setups.items():
             if data is None:
-                row[name] = cpu_ms_per_frame(lambda r: to_json_line(r, COCO_NAMES), dets)
+                row[name] = cpu_ms_per_frame(lambda r: frame_line(r, COCO_NAMES), dets)
             else:
                 hook = StreamAnalytics(parse_config(data, tmp).streams[0], COCO_NAMES)
-                row[name] = cpu_ms_per_frame(hook.on_result, dets)
+                row[name] = cpu_ms_per_frame(lambda r, h=hook: encode_all(h.annotate(r), COCO_NAMES), dets)
         rows.append(row)
     header = "| objects per frame | " + " | ".join(f"{k} (CPU ms/frame)" for k in setups) + " |"
     lines = [header, "|" + "---|" * (len(setups) + 1)]

@@ -82,10 +82,13 @@ def compiled_engine(plain, x, b: int, stream, handle, torch) -> None:
     """The engine with ``compile=True``: compile time, per-call time (graphs), agreement with plain."""
     from bench_engines import MODEL
 
+    from streamd.engines import EngineOptions
     from streamd.engines.torch import TorchEngine
 
     try:
-        engine = TorchEngine(MODEL, max_batch=b, precision="fp16", device=0, cuda_graphs=True, compile=True)
+        engine = TorchEngine(
+            MODEL, EngineOptions(max_batch=b, precision="fp16", device=0, cuda_graphs=True, compile=True)
+        )
         for n in (b, 1):
             y = torch.empty((n, *engine.output_shape[1:]), device="cuda")
             want = torch.empty_like(y)
@@ -114,6 +117,7 @@ def main() -> int:
     import torch
     from bench_engines import MODEL, real_frames
 
+    from streamd.engines import EngineOptions
     from streamd.engines.torch import TorchEngine
     from streamd.gpu.cuda import Stream
 
@@ -121,7 +125,7 @@ def main() -> int:
     x = torch.from_numpy(real_frames(b)).cuda()
     stream = torch.cuda.Stream()
     handle = Stream.borrow(stream.cuda_stream)
-    engine = TorchEngine(MODEL, max_batch=b, precision="fp16", device=0, cuda_graphs=True)
+    engine = TorchEngine(MODEL, EngineOptions(max_batch=b, precision="fp16", device=0, cuda_graphs=True))
     y = torch.empty((b, *engine.output_shape[1:]), device="cuda")
     ms = per_call_ms(lambda: engine.enqueue(x.data_ptr(), y.data_ptr(), b, handle), stream, torch)
     print(f"graphs, batch {b}: {ms:.3f} ms/call = {b / ms * 1e3:,.0f} img/s", flush=True)
