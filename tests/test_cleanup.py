@@ -6,14 +6,14 @@ import threading
 from pathlib import Path
 
 from streamd.config import load_config
-from streamd.ingest.stream import StreamWorker
+from streamd.ingest.reader import StreamReader
 from streamd.pipeline.batcher import Batcher
 
 
 def test_a_stream_worker_that_never_started_joins_quietly() -> None:
     config = load_config(None)
     queue = Batcher(1, 0.01).add_stream("demo", 2, "block")
-    worker = StreamWorker(config.streams[0], queue, threading.Event())
+    worker = StreamReader(config.streams[0], queue, threading.Event())
     assert worker.join(timeout=0.1) is True
     assert worker.join() is True
 

@@ -22,16 +22,7 @@ MAX_LINES = 500
 OVER_LIMIT: dict[str, str] = {}
 # Imports allowed against the layers while a caller moves over, with what ends each. Remove an entry when its
 # import is gone (the test fails while a listed import no longer exists, so this list only gets shorter).
-TRANSITIONAL: dict[tuple[str, str], str] = {
-    ("streamd.analytics.stream", "streamd.worker.output"): (
-        "StreamAnalytics' string calls (on_result, on_skipped, end_of_stream, finish) go once "
-        "worker.pipeline and ingest.stream call annotate, skip, stream_ended, flush and encode at the "
-        "output edge"
-    ),
-    ("streamd.sinks.record", "streamd.worker.output"): (
-        "sinks/record.py goes once worker.pipeline and bench/bench_analytics.py import worker.output"
-    ),
-}
+TRANSITIONAL: dict[tuple[str, str], str] = {}
 # Packages that must not import each other even where the layers would allow it.
 FORBIDDEN = {("analytics", "sinks"), ("analytics", "worker")}
 CUDA_ERRORS = "streamd.gpu.cuda"

@@ -150,24 +150,6 @@ class StreamAnalytics:
             self._in_flight.clear()
             return self._release(before=None) + self._close_zones()
 
-    # -- the same calls, as JSON lines -----------------------------------------------------------------------
-    def on_skipped(self, frame: Frame) -> list[str]:
-        return self._lines(self.skip(frame))
-
-    def on_result(self, result: FrameResult) -> list[str]:
-        return self._lines(self.annotate(result))
-
-    def end_of_stream(self) -> list[str]:
-        return self._lines(self.stream_ended())
-
-    def finish(self) -> list[str]:
-        return self._lines(self.flush())
-
-    def _lines(self, outputs: list[Output]) -> list[str]:
-        from streamd.worker.output import encode_all  # transitional: see tests/test_structure.py
-
-        return encode_all(outputs, self.names)
-
     # -- internals -------------------------------------------------------------------------------------------
     def _seen(self, frame: Frame) -> None:
         if self._last is None or frame.index >= self._last.index:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from streamd.config._fields import Invalid, Problems, opt, path_text, read_section, resolve_path
 
@@ -45,17 +45,6 @@ class EngineConfig:
         "compare a GPU (or torch) engine with ONNX Runtime CPU at start-up and refuse it if it differs; "
         "false skips the check at your own risk (docs/engines.md)",
     )
-
-
-def backend_options(engine: EngineConfig) -> dict[str, Any]:
-    """The ``create_engine`` keywords this section sets beyond type, precision, batch and threads (the
-    keyword form; ``streamd.engines.options.EngineOptions.from_config`` gives them all as one value)."""
-    return {
-        "cache_dir": engine.cache_dir,
-        "cuda_graphs": engine.cuda_graphs,
-        "lanes": engine.lanes,
-        "compile": engine.compile,
-    }
 
 
 def check_cache_dir(value: object, path: str, base_dir: Path) -> Path:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streamd.config import StreamConfig
 from streamd.ingest import log
@@ -38,6 +38,9 @@ from streamd.ingest.sources.file import Pacer
 from streamd.ingest.stats import StreamStats
 from streamd.ingest.timeline import Stamp, Timeline
 from streamd.types import Frame
+
+if TYPE_CHECKING:
+    from streamd.analytics.annotations import Output
 
 _Picture = tuple[
     DecodedPicture, float
@@ -79,7 +82,7 @@ class StreamReader:
         demux: str = "auto",
         decoder_options: dict[str, Any] | None = None,
         analytics: Any = None,
-        on_lines: Callable[[list[str]], None] | None = None,
+        on_lines: Callable[[list[Output]], None] | None = None,
     ) -> None:
         """``analytics``: the stream's ``streamd.analytics.StreamAnalytics`` (detect_fps skips, predicted
         lines, the zone leaves when the stream ends); ``on_lines`` takes the lines it writes for skipped
@@ -119,11 +122,6 @@ class StreamReader:
         after ``pts`` with the real outage (since ``wall_time``, Unix time) as the jump."""
         self.timeline.resume_at(index, pts, max(0.0, time.time() - wall_time))
 
-    # The position under its former names, read by the worker's pipeline at a reload.
-    _index = property(lambda self: self.position()[0])
-    _last_out = property(lambda self: self.position()[1])
-    _last_frame_time = property(lambda self: self.position()[2])
-
     def start(self) -> None:
         self._thread.start()
 
@@ -154,9 +152,9 @@ class StreamReader:
             return
         try:
             with analytics.lock:  # in order with the result thread's lines of this stream
-                lines = analytics.end_of_stream()
-                if lines and self.on_lines is not None:
-                    self.on_lines(lines)
+                outputs = analytics.stream_ended()
+                if outputs and self.on_lines is not None:
+                    self.on_lines(outputs)
         except Exception:
             log.exception("stream %s: closing its analytics failed", self.cfg.id)
 
@@ -354,7 +352,7 @@ class StreamReader:
             if frame.surface is not None and hasattr(frame.surface, "release"):
                 frame.surface.release()  # nothing will read it
             frame.surface = frame.image = None
-            lines = analytics.on_skipped(frame)
-            if lines and self.on_lines is not None:
-                self.on_lines(lines)
+            outputs = analytics.skip(frame)
+            if outputs and self.on_lines is not None:
+                self.on_lines(outputs)
         return False

@@ -18,22 +18,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from streamd.analytics.annotations import Output
 from streamd.analytics.stream import StreamAnalytics
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.ingest.decode import wait_closed
-from streamd.ingest.stream import StreamWorker
+from streamd.ingest.reader import StreamReader
 from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher, StreamQueue
 from streamd.pipeline.scheduler import Scheduler
 from streamd.protocol import Record, Resume, StreamCounters, StreamReport, WorkerStats
-from streamd.sinks.record import to_json_line
 from streamd.stages.contract import Stages
 from streamd.stages.cpu import CpuStages
 from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, resolve_layout
 from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
+from streamd.worker.output import encode_all, frame_line
 
 log = logging.getLogger(__name__)
 Totals = dict[str, tuple[int, int, int, bool]]  # per stream at a mark: results, decoded, dropped, running?
@@ -45,22 +46,13 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
     Raises StartupError: EX_CONFIG when the model does not fit the config, EX_UNAVAILABLE when the engine or
     the GPU cannot be brought up."""
     from streamd.checks.verify import VerifyPlan, create_engine  # engines load heavy libraries: on use only
-    from streamd.config.engine import backend_options
-    from streamd.engines import EngineError
+    from streamd.engines import EngineError, EngineOptions
 
     m, e = config.model, config.engine
     device = e.device if device is None else device
     try:
-        engine = create_engine(
-            e.type,
-            m.path,
-            max_batch=e.max_batch,
-            precision=e.precision,
-            threads=e.threads,
-            device=device,
-            verify=VerifyPlan.from_config(config),
-            **backend_options(e),
-        )
+        options = EngineOptions.from_config(e, device=device)
+        engine = create_engine(e.type, m.path, options, verify=VerifyPlan.from_config(config))
     except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable
         raise StartupError(str(exc), exc.code) from exc
     try:
@@ -157,7 +149,7 @@ class Pipeline:
         self.stages: Stages | None = None
         self.scheduler: Scheduler | None = None
         self.batcher: Batcher | None = None
-        self.workers: list[StreamWorker] = []
+        self.workers: list[StreamReader] = []
         self.decoder = ""
         self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
         self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
@@ -170,9 +162,9 @@ class Pipeline:
         self.results = 0
         self._started = False
         # Counters of stream incarnations a reload replaced or removed (per stream id): a stream's counters
-        # never go back, whichever StreamWorker carries it.
+        # never go back, whichever StreamReader carries it.
         self._carried: dict[str, StreamCounters] = {}
-        self._queues: dict[StreamWorker, StreamQueue] = {}  # each stream thread's queue in the batcher
+        self._queues: dict[StreamReader, StreamQueue] = {}  # each stream thread's queue in the batcher
         self._edit_lock = threading.Lock()  # one reconfiguration at a time; start() waits for it
 
     def build(self) -> None:
@@ -202,7 +194,7 @@ class Pipeline:
         for sc in self.streams:
             self.workers.append(self._stream_worker(sc, self._resume.get(sc.id)))
 
-    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamWorker:
+    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamReader:
         """A stream's ingest thread (not started), its queue in the batcher and its analytics hook."""
         cfg, batcher = self.config, self.batcher
         assert batcher is not None
@@ -213,7 +205,7 @@ class Pipeline:
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
         policy = "latest" if sc.is_live or sc.realtime else "block"
         q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
-        worker = StreamWorker(
+        worker = StreamReader(
             sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
         )
         self._queues[worker] = q
@@ -282,11 +274,11 @@ class Pipeline:
         while len(q) and time.monotonic() < deadline and not self.stop.is_set():
             time.sleep(0.005)
 
-    def _retire_counters(self, w: StreamWorker) -> None:
+    def _retire_counters(self, w: StreamReader) -> None:
         before = self._carried.get(w.cfg.id, StreamCounters())
         self._carried[w.cfg.id] = before + _counters(w, self._queues[w])
 
-    def _finish_analytics(self, w: StreamWorker) -> None:
+    def _finish_analytics(self, w: StreamReader) -> None:
         """A stopped stream's tracks leave their zones (also when a changed stream's successor has its own
         hook by now)."""
         hook = w.analytics
@@ -294,8 +286,8 @@ class Pipeline:
             del self.analytics[w.cfg.id]
         if hook is not None:
             with hook.lock:
-                if lines := hook.finish():
-                    self._hook_lines(lines, w.cfg.id)
+                if outputs := hook.flush():
+                    self._hook_lines(outputs, w.cfg.id)
 
     def _on_results(self, results: list[FrameResult]) -> None:
         """One batch: plain streams go out as one message; a stream with analytics sends its lines under its
@@ -308,18 +300,20 @@ class Pipeline:
             self.latest.update(r)
             hook = self.analytics.get(f.stream_id)
             if hook is None:
-                records.append(Record(f.stream_id, f.index, f.pts, f.wall_time, to_json_line(r, names)))
+                records.append(Record(f.stream_id, f.index, f.pts, f.wall_time, frame_line(r, names)))
                 continue
             with hook.lock:
-                lines = hook.on_result(r)
+                lines = encode_all(hook.annotate(r), names)
                 if lines:
                     self._emit([Record(f.stream_id, f.index, f.pts, f.wall_time, line) for line in lines])
         self.results += len(results)
         if records:
             self._emit(records)
 
-    def _hook_lines(self, lines: list[str], stream_id: str) -> None:
-        """Lines analytics writes outside a result (predicted boxes of skipped frames, held events)."""
+    def _hook_lines(self, outputs: list[Output], stream_id: str) -> None:
+        """What analytics writes outside a result (predicted boxes of skipped frames, held events, the
+        leaves at a stream's end), as JSON lines."""
+        lines = encode_all(outputs, self.config.model.class_names)
         worker = next((w for w in reversed(self.workers) if w.cfg.id == stream_id), None)
         r = self._resume.get(stream_id)
         index = worker.position()[0] - 1 if worker is not None else (r.index if r else 0)
@@ -354,8 +348,8 @@ class Pipeline:
                 self.scheduler.join(timeout=5)
             for sid, hook in self.analytics.items():  # lines held after the last result
                 with hook.lock:
-                    if lines := hook.finish():
-                        self._hook_lines(lines, sid)
+                    if outputs := hook.flush():
+                        self._hook_lines(outputs, sid)
         finally:  # stage threads still running may use the buffers: then leak them rather than free them
             idle = not self._started or self.scheduler is None or self.scheduler.join(0)
             if self.stages is not None and idle:
@@ -422,7 +416,7 @@ class Pipeline:
         )
 
 
-def _counters(w: StreamWorker, queue: StreamQueue | None) -> StreamCounters:
+def _counters(w: StreamReader, queue: StreamQueue | None) -> StreamCounters:
     """A stream thread's counters, and the frames its queue dropped (none once the queue is gone)."""
     s = w.stats
     return StreamCounters(
@@ -437,7 +431,7 @@ def _counters(w: StreamWorker, queue: StreamQueue | None) -> StreamCounters:
 
 
 def window_rates(
-    workers: Sequence[StreamWorker], before: Totals, totals: Totals, dt: float
+    workers: Sequence[StreamReader], before: Totals, totals: Totals, dt: float
 ) -> dict[str, tuple[float, float, bool]]:
     """(results fps, decoded fps, behind) per stream over a window; ``behind``: a live stream (camera, or a
     file paced in real time) that dropped frames, or decoded under 90 % of its frame rate in a window it ran

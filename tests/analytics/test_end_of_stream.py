@@ -19,7 +19,7 @@ import yaml
 from streamd.analytics.stream import StreamAnalytics
 from streamd.config.coco import COCO_NAMES
 from streamd.config.streams import StreamConfig
-from streamd.ingest.stream import StreamWorker
+from streamd.ingest.reader import StreamReader
 from streamd.pipeline.batcher import Batcher
 from streamd.worker.output import encode_all
 from tests.analytics.test_stream_analytics import config, frame, parse, person, result
@@ -97,15 +97,19 @@ def test_finish_closes_the_zones_too(tmp_path) -> None:
 
 
 def test_the_ingest_thread_signals_the_end_of_its_file(tmp_path) -> None:
-    """A real file through a StreamWorker, a stand-in detector answering each frame with one box: the leaves
+    """A real file through a StreamReader, a stand-in detector answering each frame with one box: the leaves
     come through ``on_lines`` (or the last result) when the file ends, without any pipeline closing."""
     clip = make_camera_clip(tmp_path / "c.mp4", 12, 10, bframes=0)
     a = hook(tmp_path)
     written: list[str] = []
     batcher = Batcher(4, 0.01)
     q = batcher.add_stream("cam", 4, "block")
-    worker = StreamWorker(
-        StreamConfig(id="cam", url=str(clip)), q, threading.Event(), analytics=a, on_lines=written.extend
+    worker = StreamReader(
+        StreamConfig(id="cam", url=str(clip)),
+        q,
+        threading.Event(),
+        analytics=a,
+        on_lines=lambda o: written.extend(text(o)),
     )
 
     def detector() -> None:

@@ -169,12 +169,12 @@ class FakeQueue:
 
 def test_ingest_hook_skips_counts_and_releases_surfaces(tmp_path):
     from streamd.ingest.decode import DecodedPicture
-    from streamd.ingest.stream import StreamWorker
+    from streamd.ingest.reader import StreamReader
 
     cfg = config(tmp_path, detect_fps=5, tracking={"fill_skipped": True})
     hook = StreamAnalytics(cfg.streams[0], COCO_NAMES)
     q, lines = FakeQueue(), []
-    worker = StreamWorker(cfg.streams[0], q, threading.Event(), analytics=hook, on_lines=lines.extend)  # type: ignore[arg-type]
+    worker = StreamReader(cfg.streams[0], q, threading.Event(), analytics=hook, on_lines=lines.extend)  # type: ignore[arg-type]
     surfaces = [FakeSurface() for _ in range(6)]
     pictures = [DecodedPicture(i / 10, 768, 576, surface=s) for i, s in enumerate(surfaces)]
     assert worker._emit(pictures, 1.0, None)

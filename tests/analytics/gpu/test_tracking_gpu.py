@@ -26,6 +26,7 @@ from streamd.config import parse_config
 from streamd.config.coco import COCO_NAMES
 from streamd.stages.postprocess.cpu import ClassThresholds, CpuPostprocessor, PostprocessSpec
 from streamd.types import Detections, Frame, FrameResult
+from streamd.worker.output import encode_all
 from tests.analytics.gpu.test_class_filter_gpu import run_gpu
 from tests.conftest import CLIP, MODEL, ROOT, SCHEMA, run_streamd
 
@@ -83,7 +84,9 @@ def test_same_detections_same_tracks(ctx, loader, stream, tmp_path) -> None:
             src = Detections(t.to_source(det.xyxy, 768, 576), det.score, det.class_id)
             out += [
                 strip_times(x)
-                for x in a.on_result(FrameResult(f, src, {"decode": 0, "queue": 0, "total": 0}))
+                for x in encode_all(
+                    a.annotate(FrameResult(f, src, {"decode": 0, "queue": 0, "total": 0})), COCO_NAMES
+                )
             ]
         lines.append(out)
     assert lines[0] == lines[1], "tracking output differs between the GPU and the CPU detections"
