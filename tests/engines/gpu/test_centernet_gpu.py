@@ -27,6 +27,7 @@ from streamd.checks.verify import (  # noqa: E402
     compare,
     create_engine,
 )
+from streamd.engines import Machine  # noqa: E402
 from streamd.stages.postprocess.cpu import PostprocessSpec  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -87,9 +88,16 @@ def test_centernet_before_the_fix_is_refused_and_auto_falls_back(tmp_path, monke
         create_engine(
             "torch", MODEL, max_batch=1, precision="fp16", device=0, cache_dir=tmp_path, verify=PLAN
         )
-    monkeypatch.setattr("streamd.engines.registry.choose_backend", lambda requested: "torch")
+    torch_box = Machine(tensorrt=False, torch_cuda=True)  # auto: torch first, then ONNX Runtime
     engine = create_engine(
-        "auto", MODEL, max_batch=1, precision="fp16", device=0, cache_dir=tmp_path, verify=PLAN
+        "auto",
+        MODEL,
+        max_batch=1,
+        precision="fp16",
+        device=0,
+        cache_dir=tmp_path,
+        verify=PLAN,
+        machine=torch_box,
     )
     assert engine.name == "onnxruntime-cpu"
     engine.close()
