@@ -110,6 +110,8 @@ class PrivateSystemd:
             capture_output=True,
             text=True,
             timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to "process group 0" inside must never reach the test runner
             **kw,
         )
 

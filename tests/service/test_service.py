@@ -89,6 +89,12 @@ def main_pid(box: PrivateSystemd) -> int:
     return int(box.prop(UNIT, "MainPID") or 0)
 
 
+def running_pid(box: PrivateSystemd) -> int:
+    """The supervisor's pid once the unit runs: never 0 (``kill -STOP 0`` would stop the caller's group)."""
+    wait_for(lambda: running(box) and main_pid(box) > 0, 90, "the unit running")
+    return main_pid(box)
+
+
 def restarts(box: PrivateSystemd) -> int:
     return int(box.prop(UNIT, "NRestarts") or 0)
 
@@ -217,7 +223,7 @@ def test_stop_drains_and_exits_0(box, installed) -> None:
 
 def test_kill_9_of_the_supervisor_is_restarted(box, installed) -> None:
     box.systemctl("reset-failed", UNIT)  # this test and the next restart on purpose: keep the start limit out
-    pid, count = main_pid(box), restarts(box)
+    pid, count = running_pid(box), restarts(box)
     assert box.run("kill", "-KILL", str(pid)).returncode == 0
     took = wait_for(lambda: running(box) and main_pid(box) != pid, RESTART_S + 60, "restart after kill -9")
     print(f"\nkill -9: active again (READY) {took:.1f} s later")
@@ -226,7 +232,7 @@ def test_kill_9_of_the_supervisor_is_restarted(box, installed) -> None:
 
 def test_stopped_supervisor_is_restarted_by_the_watchdog(box, installed) -> None:
     box.systemctl("reset-failed", UNIT)
-    pid, count = main_pid(box), restarts(box)
+    pid, count = running_pid(box), restarts(box)
     since = box.now()
     assert box.run("kill", "-STOP", str(pid)).returncode == 0
     killed = wait_for(lambda: main_pid(box) != pid, WATCHDOG_S + 10, "the watchdog killing the supervisor")
