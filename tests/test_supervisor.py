@@ -183,7 +183,8 @@ def test_kill_9_of_a_worker_resumes_its_streams_and_leaves_the_others_alone(tmp_
     try:
         victim = int(d.wait_for(r"worker 0 ready \(pid (\d+)\): stream\(s\) a", 120).group(1))
         d.wait_for(r"worker 1 ready", 120)
-        d.wait_for(r"spare worker ready", 120)  # pipeline.spare_worker: the dead worker's streams move there
+        spare = d.wait_for(r"spare worker ready.*", 120)  # the dead worker's streams go there
+        assert spare is not None and "GPU" not in spare.group(0), "a CPU engine's spare is on no GPU"
         deadline = time.monotonic() + 60
         while _count(out, "a") < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
