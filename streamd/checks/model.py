@@ -61,21 +61,24 @@ def _open(path: Path, problems: Problems) -> Any | None:
 
 def _compare(model: Any, config: Config, problems: Problems, report: ModelReport) -> None:
     from streamd.engines.base import EngineError
-    from streamd.engines.onnx_tools import model_io
+    from streamd.engines.onnx_tools import fix_input_size
     from streamd.stages.postprocess.cpu import resolve_layout
 
     m, e = config.model, config.engine
     name = m.path.name
     try:
-        io = model_io(model, name)
+        pinned, io, _ = fix_input_size(model, name, (int(m.input_size[0]), int(m.input_size[1])))
     except EngineError as exc:
         problems.add("model.path", str(exc).removeprefix("model.path: "))
         return
     c, h, w = io.chw
-    out = _output_dims(model, io.output_shape)
-    report.summary = f"model {name}: input {_text(io.input_shape)}, output {_text(out)}"
+    out = _output_dims(pinned, io.output_shape)  # a dynamic H/W at model.input_size: N is known then
+    declared = _declared_input(model, io)
+    report.summary = f"model {name}: input {_text(declared)}, output {_text(out)}"
     if c != 3:
         problems.add("model.path", f"{name} takes {c} input channels; streamd feeds 3 (RGB or BGR)")
+    if io.dynamic_hw:
+        _dynamic_size(config, io, declared, problems, report)
     if (w, h) != tuple(m.input_size):
         problems.add(
             "model.input_size",
@@ -108,6 +111,42 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
         report.notes.append(f"{name}: output shape {list(out)} is only known when run; layout checked then")
 
 
+def _declared_input(model: Any, io: Any) -> tuple[int | str, ...]:
+    """The input shape as the file declares it (``io.input_shape`` has a dynamic H/W resolved)."""
+    from streamd.engines.onnx_tools import _dims
+
+    return next((_dims(i) for i in model.graph.input if i.name == io.input_name), io.input_shape)
+
+
+def _dynamic_size(
+    config: Config, io: Any, declared: tuple[int | str, ...], problems: Problems, report: ModelReport
+) -> None:
+    """A dynamic input H/W runs at ``model.input_size``: a note when the config (or the model's metadata)
+    states it, a problem when it would be the built-in default (nothing says the model runs at that size)."""
+    from streamd.config.model import defaults_from_metadata
+
+    m = config.model
+    axes = ", ".join(io.dynamic_hw)
+    verb = "are" if len(io.dynamic_hw) > 1 else "is"
+    if "model.input_size" in config.lines:
+        source = "model.input_size"
+    elif "input_size" in defaults_from_metadata(m.path):
+        source = "model.input_size (from the model's metadata)"
+    else:
+        problems.add(
+            "model.input_size",
+            f"{m.path.name}'s input {axes} {verb} dynamic (input {_text(declared)}) and model.input_size is "
+            f"not set (nor in the model's metadata), so it would run at the default {list(m.input_size)}; "
+            "set model.input_size: [width, height], the size the model was exported or trained at "
+            "(e.g. [640, 640])",
+        )
+        return
+    report.notes.append(
+        f"model input {axes} {verb} dynamic (input {_text(declared)}); it runs at {source} "
+        f"{list(m.input_size)} on every engine"
+    )
+
+
 def _output_dims(model: Any, declared: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """The output shape, from shape inference where the graph leaves dimensions symbolic."""
     if all(isinstance(d, int) and d > 0 for d in declared[1:]):
@@ -117,7 +156,7 @@ def _output_dims(model: Any, declared: tuple[int | str, ...]) -> tuple[int | str
     from streamd.engines.onnx_tools import _dims
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph.output[0]
     except Exception:  # inference is best effort; the engine reports the real shape when it runs
         return declared
     dims = _dims(inferred)

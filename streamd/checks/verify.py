@@ -405,7 +405,8 @@ def create_engine(
     """``streamd.engines.create_engine`` with the start-up check: each backend's engine is verified against
     ONNX Runtime (``verify``: a ``VerifyPlan``, True or None = the default plan, False = skip) before it is
     taken; ``engine.type: auto`` falls back past one that fails it. ``options`` or their ``fields`` as
-    keywords, as ``streamd.engines.create_engine`` takes them."""
+    keywords, as ``streamd.engines.create_engine`` takes them; ``options.input_size`` left None is the
+    plan's preprocessing size (``model.input_size``: where a model's input H/W are dynamic, it runs there)."""
     from streamd.engines.registry import create_engine as create
 
     if options is None:
@@ -413,4 +414,7 @@ def create_engine(
     elif fields:
         raise TypeError(f"create_engine: options given twice: {', '.join(fields)}")
     check = functools.partial(check_created, plan=verify)
+    pre = verify.preprocess if isinstance(verify, VerifyPlan) else None
+    if options.input_size is None and pre is not None:  # a dynamic input H/W runs at model.input_size
+        options = dataclasses.replace(options, input_size=(int(pre.width), int(pre.height)))
     return create(requested, model_path, dataclasses.replace(options, check=check), machine=machine)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 FP16_RECIPE = "fp16-io32-v1"  # convert_to_fp16: float tensors to FP16, graph inputs/outputs kept FP32
 DYNAMIC_BATCH_RECIPE = "dynbatch-v1"  # make_batch_dynamic
+FIXED_SIZE_RECIPE = "hw{w}x{h}-v1"  # fix_input_size: dynamic input H/W pinned at model.input_size
 FP16_MAX = 65504.0
 
 # Inputs that the ONNX spec types as float32 whatever the data type (Resize/Upsample scales; roi kept too).
@@ -40,13 +41,17 @@ def file_sha256(path: Path) -> str:
 
 @dataclass(frozen=True)
 class ModelIO:
-    """The single input and output of a detector model. Dims are ints, or strings for symbolic ones."""
+    """The single input and output of a detector model. Dims are ints, or strings for symbolic ones.
+
+    ``input_shape`` has H and W resolved: a dynamic H or W (symbolic, -1 or 0) is the size the model runs at
+    (``model.input_size``); ``dynamic_hw`` names the ones the file leaves open (``("H", "W")``, or ``()``)."""
 
     input_name: str
     input_shape: tuple[int | str, ...]
     input_elem_type: int
     output_name: str
     output_shape: tuple[int | str, ...]
+    dynamic_hw: tuple[str, ...] = ()
 
     @property
     def batch(self) -> int | None:
@@ -77,8 +82,17 @@ def load(path: Path) -> Any:
         raise EngineError(f"model.path: cannot read ONNX model {path}: {exc}", EX_CONFIG) from exc
 
 
-def model_io(model: Any, source: object = "model") -> ModelIO:
-    """Check the detector contract (one input [B, C, H, W] with fixed C, H, W; one output) and describe it."""
+def _fixed(dim: int | str) -> bool:
+    return isinstance(dim, int) and dim > 0
+
+
+def model_io(model: Any, source: object = "model", input_size: tuple[int, int] | None = None) -> ModelIO:
+    """Check the detector contract (one input [B, C, H, W] with a fixed C; one output) and describe it.
+
+    A dynamic H or W (symbolic, -1 or 0: e.g. Ultralytics' ``dynamic=True`` export, ``[batch, 3, height,
+    width]``) takes its value from ``input_size`` ((width, height): ``model.input_size``); without one it is
+    a config error naming ``model.input_size``. A fixed H or W is kept as the file says (the caller compares
+    it with the config)."""
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in initializers]
@@ -89,9 +103,24 @@ def model_io(model: Any, source: object = "model") -> ModelIO:
             EX_CONFIG,
         )
     shape = _dims(inputs[0])
-    if len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+    if len(shape) != 4 or not _fixed(shape[1]):
         raise EngineError(
-            f"model input: expected [B, C, H, W] with fixed C, H, W; got {list(shape)} ({source})", EX_CONFIG
+            f"model input: expected [B, C, H, W] with a fixed C; got {list(shape)} ({source})", EX_CONFIG
+        )
+    dynamic = tuple(axis for axis, d in zip("HW", shape[2:], strict=True) if not _fixed(d))
+    if dynamic and input_size is None:
+        raise EngineError(
+            f"model.input_size: the model's input {', '.join(dynamic)} {'are' if len(dynamic) > 1 else 'is'} "
+            f"dynamic ({list(shape)}, {source}); set model.input_size: [width, height], the size it runs at "
+            "(the size it was exported or trained at, e.g. [640, 640])",
+            EX_CONFIG,
+        )
+    if dynamic and input_size is not None:
+        w, h = input_size
+        shape = (
+            *shape[:2],
+            shape[2] if _fixed(shape[2]) else int(h),
+            shape[3] if _fixed(shape[3]) else int(w),
         )
     return ModelIO(
         inputs[0].name,
@@ -99,7 +128,33 @@ def model_io(model: Any, source: object = "model") -> ModelIO:
         inputs[0].type.tensor_type.elem_type,
         graph.output[0].name,
         _dims(graph.output[0]),
+        dynamic,
     )
+
+
+def fix_input_size(
+    model: Any, source: object = "model", input_size: tuple[int, int] | None = None
+) -> tuple[Any, ModelIO, tuple[str, ...]]:
+    """(model, io, steps): a model whose input H/W are dynamic comes back as a copy with them pinned at
+    ``input_size`` ((width, height)), so every engine builds, converts and runs it at one size (onnxslim
+    folds its shape arithmetic, CUDA graphs and TensorRT profiles see one shape); ``steps`` then names the
+    recipe (``hw<W>x<H>-v1``). Any other model comes back as is, with no step."""
+    io = model_io(model, source, input_size)
+    if not io.dynamic_hw:
+        return model, io, ()
+    m = copy.deepcopy(model)
+    _, _, h, w = io.input_shape
+    for vi in m.graph.input:
+        if vi.name == io.input_name:
+            dims = vi.type.tensor_type.shape.dim
+            for index, value in ((2, h), (3, w)):
+                dims[index].Clear()
+                dims[index].dim_value = int(value)
+    del m.graph.value_info[:]  # intermediate shapes named after the free dims; inference recomputes them
+    log.info(
+        "%s: input %s dynamic; it runs at model.input_size [%s, %s]", source, "/".join(io.dynamic_hw), w, h
+    )
+    return m, replace(model_io(m, source), dynamic_hw=io.dynamic_hw), (FIXED_SIZE_RECIPE.format(w=w, h=h),)
 
 
 def has_qdq(model: Any) -> bool:

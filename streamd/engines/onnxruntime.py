@@ -52,7 +52,7 @@ class OnnxRuntimeEngine:
 
         self._ort = ort
         model = onnx_tools.load(model_path)
-        io = onnx_tools.model_io(model, model_path)
+        model, io, _ = onnx_tools.fix_input_size(model, model_path, options.input_size)
         if precision == "int8":
             raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model", EX_CONFIG)
         if io.batch == 1 and max_batch > 1:

@@ -35,6 +35,8 @@ class EngineOptions:
     cache_dir: Path | None = None  # built plans go to cache_dir/engines, converted models beside them
     cuda_graphs: bool = True
     lanes: int = 1  # batches a GPU engine runs at once, each on its own CUDA stream
+    # (width, height) a model whose input H/W are dynamic runs at (model.input_size); None: it must fix them
+    input_size: tuple[int, int] | None = None
     check: Check | None = field(default=None, compare=False)
     # ONNX Runtime: "auto" (the CUDA EP when onnxruntime-gpu sees a GPU, else the CPU), "cpu" or "cuda"
     provider: str = "auto"

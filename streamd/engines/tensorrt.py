@@ -157,6 +157,7 @@ class TensorRTEngine:
             opt_batch=o.opt_batch,
             workspace_bytes=(o.workspace_mb << 20) if o.workspace_mb else trt_build.DEFAULT_WORKSPACE,
             optimization_level=o.optimization_level,
+            input_size=o.input_size,
         )
         if progress is None:
             progress = BuildProgress(cancel=cancel)

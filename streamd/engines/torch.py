@@ -64,11 +64,15 @@ HOST_ARGS: dict[str, tuple[int, ...]] = {
 }
 
 
-def convert_model(model_path: Path, max_batch: int) -> tuple[Any, onnx_tools.ModelIO, tuple[str, ...]]:
-    """ONNX file -> (fx.GraphModule on the CPU in FP32, its I/O, the preparation steps applied)."""
+def convert_model(
+    model_path: Path, max_batch: int, input_size: tuple[int, int] | None = None
+) -> tuple[Any, onnx_tools.ModelIO, tuple[str, ...]]:
+    """ONNX file -> (fx.GraphModule on the CPU in FP32, its I/O, the preparation steps applied). A model
+    whose input H/W are dynamic is converted at ``input_size`` ((width, height): ``model.input_size``), the
+    one shape it then runs at (CUDA graphs are captured per shape)."""
     model = onnx_tools.load(model_path)
-    io = onnx_tools.model_io(model, model_path)
-    steps: list[str] = []
+    model, io, fixed = onnx_tools.fix_input_size(model, model_path, input_size)
+    steps: list[str] = list(fixed)
     if io.batch == 1 and max_batch > 1:
         dynamic = onnx_tools.make_batch_dynamic(model)
         if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
@@ -270,7 +274,7 @@ class TorchEngine:
             torch.backends.cudnn.benchmark = cudnn_benchmark
             torch.backends.cudnn.allow_tf32 = tf32
             torch.backends.cuda.matmul.allow_tf32 = tf32
-        cpu_module, io, self.steps = convert_model(model_path, max_batch)
+        cpu_module, io, self.steps = convert_model(model_path, max_batch, o.input_size)
         self.input_shape = io.chw
         self.input_dtype = np.dtype(np.float32)
         self.output_dtype = np.dtype(np.float32)
@@ -288,7 +292,7 @@ class TorchEngine:
         except RuntimeError as exc:  # a constant kept on the host meets a device op: keep all on the device
             log.warning("torch engine: host shape constants do not fit this model (%s); no CUDA graphs", exc)
             self.cuda_graphs = False
-            fresh = convert_model(model_path, max_batch)[0]
+            fresh = convert_model(model_path, max_batch, o.input_size)[0]
             self.module = place(fresh, self.device, self.half, self.channels_last, host_constants=False)
             out = self._forward(probe.to(self.device))
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))

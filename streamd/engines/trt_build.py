@@ -61,6 +61,7 @@ class BuildOptions:
     workspace_bytes: int = DEFAULT_WORKSPACE
     optimization_level: int = 3
     timing_cache: bool = True
+    input_size: tuple[int, int] | None = None  # (width, height) for a model with dynamic input H/W
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,10 @@ def prepare_model(
     """Check the ONNX, make a fixed batch of 1 dynamic when a larger batch is asked for, convert for
     precision."""
     model = onnx_tools.load(model_path)
-    io = onnx_tools.model_io(model, model_path)
+    model, io, fixed = onnx_tools.fix_input_size(model, model_path, options.input_size)
     sha = onnx_tools.file_sha256(model_path)
     recipe, strongly, flags, to_fp16 = precision_plan(major, options.precision, onnx_tools.has_qdq(model))
-    steps: list[str] = []
+    steps: list[str] = list(fixed)  # a dynamic H/W pinned: the network, and so the profile, at input_size
     max_batch = options.max_batch
     if io.batch is not None and io.batch != 1:
         max_batch = io.batch  # a fixed batch > 1 is what the model takes, no more, no less
@@ -133,7 +134,8 @@ def prepare_model(
 
 
 def profile_shapes(prep: PreparedModel, options: BuildOptions) -> tuple[tuple[int, ...], ...] | None:
-    """(min, opt, max) input shapes for a dynamic batch; None for a fixed-batch model (no profile)."""
+    """(min, opt, max) input shapes for a dynamic batch; None for a fixed-batch model (no profile). C, H, W
+    are the same in all three: a dynamic H/W was pinned at ``model.input_size`` (``prepare_model``)."""
     if prep.io.batch is not None:
         return None
     chw = prep.io.chw

@@ -24,10 +24,13 @@ def make_detector(
     seed: int = 0,
     opset: int = 13,
     resize_coordinates: str = "half_pixel",
+    dynamic_hw: bool = False,
 ) -> Path:
     """Write the model to ``path``; ``batch`` None = dynamic batch ("batch"), else that fixed batch.
     ``resize_coordinates``: the Resize's coordinate_transformation_mode (``asymmetric`` is what tf2onnx
-    writes for TensorFlow's ResizeBilinear, and what onnx2torch alone translates wrongly)."""
+    writes for TensorFlow's ResizeBilinear, and what onnx2torch alone translates wrongly). ``dynamic_hw``:
+    input ``[batch, 3, height, width]`` as Ultralytics' ``dynamic=True`` export writes it, output
+    ``[batch, 4 + C, anchors]`` whose N follows H and W (``size`` then only scales the boxes)."""
     rng = np.random.default_rng(seed)
     c = 4 + num_classes
     s1, s2 = size // 2, size // 4
@@ -47,8 +50,12 @@ def make_detector(
         numpy_helper.from_array(w(c, scale=0.1), "head1.b"),
         numpy_helper.from_array(w(c, 8, 1, 1), "head2.w"),
         numpy_helper.from_array(w(c, scale=0.1), "head2.b"),
-        numpy_helper.from_array(np.array([lead, c, s1 * s1], np.int64), "reshape1.shape"),
-        numpy_helper.from_array(np.array([lead, c, s2 * s2], np.int64), "reshape2.shape"),
+        numpy_helper.from_array(
+            np.array([lead, c, -1 if dynamic_hw else s1 * s1], np.int64), "reshape1.shape"
+        ),
+        numpy_helper.from_array(
+            np.array([lead, c, -1 if dynamic_hw else s2 * s2], np.int64), "reshape2.shape"
+        ),
         numpy_helper.from_array(np.array([4, num_classes], np.int64), "split.sizes"),
         numpy_helper.from_array(np.array(float(size), np.float32), "box.scale"),
     ]
@@ -76,11 +83,13 @@ def make_detector(
         helper.make_node("Concat", ["box", "cls"], ["output0"], axis=1),
     ]
     b: int | str = "batch" if batch is None else batch
+    hw: list[int | str] = ["height", "width"] if dynamic_hw else [size, size]
+    n: int | str = "anchors" if dynamic_hw else s1 * s1 + s2 * s2
     graph = helper.make_graph(
         nodes,
         "tiny_detector",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [b, 3, size, size])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [b, c, s1 * s1 + s2 * s2])],
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [b, 3, *hw])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [b, c, n])],
         inits,
     )
     model = helper.make_model(
