@@ -5,6 +5,7 @@ graph — no engine is built, nothing runs — and compares its input, batch and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
     m, e = config.model, config.engine
     name = m.path.name
     try:
-        pinned, io, _ = fix_input_size(model, name, (int(m.input_size[0]), int(m.input_size[1])))
+        size = (int(m.input_size[0]), int(m.input_size[1]))
+        pinned, io, _ = fix_input_size(model, name, size, log_level=logging.DEBUG)  # a note says it
     except EngineError as exc:
         problems.add("model.path", str(exc).removeprefix("model.path: "))
         return

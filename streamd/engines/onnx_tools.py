@@ -133,12 +133,16 @@ def model_io(model: Any, source: object = "model", input_size: tuple[int, int] |
 
 
 def fix_input_size(
-    model: Any, source: object = "model", input_size: tuple[int, int] | None = None
+    model: Any,
+    source: object = "model",
+    input_size: tuple[int, int] | None = None,
+    log_level: int = logging.INFO,
 ) -> tuple[Any, ModelIO, tuple[str, ...]]:
     """(model, io, steps): a model whose input H/W are dynamic comes back as a copy with them pinned at
     ``input_size`` ((width, height)), so every engine builds, converts and runs it at one size (onnxslim
     folds its shape arithmetic, CUDA graphs and TensorRT profiles see one shape); ``steps`` then names the
-    recipe (``hw<W>x<H>-v1``). Any other model comes back as is, with no step."""
+    recipe (``hw<W>x<H>-v1``) and one line is logged at ``log_level``. Any other model comes back as is, with
+    no step."""
     io = model_io(model, source, input_size)
     if not io.dynamic_hw:
         return model, io, ()
@@ -151,8 +155,13 @@ def fix_input_size(
                 dims[index].Clear()
                 dims[index].dim_value = int(value)
     del m.graph.value_info[:]  # intermediate shapes named after the free dims; inference recomputes them
-    log.info(
-        "%s: input %s dynamic; it runs at model.input_size [%s, %s]", source, "/".join(io.dynamic_hw), w, h
+    log.log(
+        log_level,
+        "%s: input %s dynamic; it runs at model.input_size [%s, %s]",
+        source,
+        ", ".join(io.dynamic_hw),
+        w,
+        h,
     )
     return m, replace(model_io(m, source), dynamic_hw=io.dynamic_hw), (FIXED_SIZE_RECIPE.format(w=w, h=h),)
 
