@@ -93,6 +93,8 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
             rebuild=args.force,
             progress=progress,
             cancel=cancel,
+            # a model with dynamic H/W is built at the config's size, as `streamd run` builds it
+            input_size=_input_size(model_cfg),
         )
         engine = TensorRTEngine(Path(model), options)
     except EngineError as exc:
@@ -134,3 +136,9 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
         )
     engine.close()
     return 0
+
+
+def _input_size(model_cfg: Any) -> tuple[int, int] | None:
+    """The config's model.input_size (width, height), if the config has one (tools pass partial configs)."""
+    size = getattr(model_cfg, "input_size", None)
+    return (int(size[0]), int(size[1])) if size is not None else None
