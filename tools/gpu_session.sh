@@ -33,7 +33,8 @@
 #   tools/gpu_session.sh service            # the unit's sandbox on the GPU path: 16 live 1080p streams (2 workers +
 #                                           # spare, metrics on) under tools/seccomp_run.py, strict (a call off the
 #                                           # allow list kills) then --errno (each denied call named), each 60 s
-#                                           # after READY, with --check-devices; then the GPU reload test
+#                                           # after READY (SANDBOX_MODES="strict" for one), with --check-devices;
+#                                           # then the GPU reload test
 #                                           # (tests/pipeline/gpu/test_reload_gpu.py) and the wedged-worker test
 #                                           # (~8 min)
 #
@@ -177,7 +178,7 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
             export LD_LIBRARY_PATH="$REPO/.assets-work/lib"  # Debian 12's libseccomp 2.5.4, carried
             echo "libseccomp.so.2: the box has none; using the carried one" | tee -a "$OUT/service.txt"
         fi
-        for mode in strict errno; do
+        for mode in ${SANDBOX_MODES:-strict errno}; do
             cfg="$work/sandbox-$mode.yaml"; out="$work/sandbox-$mode.jsonl"
             {
                 echo "streams:"
