@@ -62,7 +62,11 @@ def write(tmp_path: Path, model_lines: str, extra: str = "", out: Path | None = 
 
 def test_bundled_demo_checks_with_its_model() -> None:
     report = check_model(load_config(None))
-    assert report.problems == [] and report.notes == []
+    assert report.problems == []
+    assert report.notes == [
+        "model.layout yolov8: output output0 [batch, 84, 3549], 84 = 4 box + 80 class scores over 3549 "
+        "candidates; 80 class names (model.class_names)"
+    ]
     assert "input [batch, 3, 416, 416]" in report.summary and "output [batch, 84, 3549]" in report.summary
 
 
@@ -106,7 +110,9 @@ def test_fixed_batch_above_one_is_a_note(tmp_path: Path) -> None:
     assert report.problems == []
     assert report.notes == [
         "b2.onnx fixes its batch at 2: the engine runs 2 rows per call, a smaller batch padded (batches of "
-        "up to 8; a dynamic-batch export wastes nothing)"
+        "up to 8; a dynamic-batch export wastes nothing)",
+        "model.layout auto chose end2end: output dets [2, 4, 6], up to 4 boxes of (x1, y1, x2, y2, score, "
+        "class id), NMS done in the model; 80 class names (model.class_names)",
     ]
 
 

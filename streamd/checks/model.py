@@ -62,11 +62,17 @@ def _open(path: Path, problems: Problems) -> Any | None:
 
 def _compare(model: Any, config: Config, problems: Problems, report: ModelReport) -> None:
     from streamd.engines.base import EngineError
-    from streamd.engines.onnx_tools import fix_input_size
-    from streamd.stages.postprocess.cpu import resolve_layout
+    from streamd.engines.onnx_tools import _dims, fix_input_size
+    from streamd.stages.postprocess.cpu import resolve_layout, unsupported_model
 
     m, e = config.model, config.engine
     name = m.path.name
+    if len(model.graph.output) > 1:  # no layout reads several outputs yet: say what they are
+        outputs = [(o.name, _dims(o)) for o in model.graph.output]
+        problems.add(
+            "model.path", str(unsupported_model(outputs, len(m.class_names))).removeprefix("model.path: ")
+        )
+        return
     try:
         size = (int(m.input_size[0]), int(m.input_size[1]))
         pinned, io, _ = fix_input_size(model, name, size, log_level=logging.DEBUG)  # a note says it
@@ -105,12 +111,33 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
             "(yolov8 [B, 4+C, N], yolov5 [B, N, 5+C] or end2end [B, K, 6])",
         )
     elif all(isinstance(d, int) and d > 0 for d in out[1:]):
+        shape = (1, int(out[1]), int(out[2]))
         try:
-            resolve_layout(m.layout, (1, int(out[1]), int(out[2])), len(m.class_names))
+            layout = resolve_layout(m.layout, shape, len(m.class_names), io.output_name)
         except ValueError as exc:
-            problems.add("model.layout", str(exc).removeprefix("model.layout: "))
+            key = "model.path" if str(exc).startswith("model.path: ") else "model.layout"
+            problems.add(key, str(exc).removeprefix(f"{key}: "))
+        else:
+            report.notes.append(_layout_note(config, layout, out, io.output_name))
+    elif refused := unsupported_model([(io.output_name, out)], len(m.class_names)):
+        problems.add("model.path", refused.removeprefix("model.path: "))
     else:
         report.notes.append(f"{name}: output shape {list(out)} is only known when run; layout checked then")
+
+
+def _layout_note(config: Config, layout: str, out: tuple[int | str, ...], output_name: str) -> str:
+    """The layout in use, where it came from and its evidence (``layout_note``), plus ``model.classes``."""
+    from streamd.config.model import defaults_from_metadata
+    from streamd.stages.postprocess.cpu import layout_note
+
+    m = config.model
+    source = ""
+    if m.layout != "auto" and "model.layout" not in config.lines:
+        source = "the model's metadata" if "layout" in defaults_from_metadata(m.path) else "the default"
+    note = layout_note(m.layout, layout, out, len(m.class_names), output_name, source)
+    if m.classes is not None:
+        note += f"; model.classes keeps {len(m.classes)} of them"
+    return note
 
 
 def _declared_input(model: Any, io: Any) -> tuple[int | str, ...]:

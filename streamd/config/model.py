@@ -57,7 +57,10 @@ class ModelConfig:
     )
     pad_value: int = opt(114, "grey level of the letterbox padding", ge=0, le=255)
     layout: Literal["auto", "yolov8", "yolov5", "end2end"] = opt(
-        "auto", "output tensor layout; auto = guess from the output shape and the number of class names"
+        "auto",
+        "output tensor layout (yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6]); auto = pick from "
+        "the output shape and the number of class names, noted by check and logged at start; a shape that "
+        "fits several layouts (or is square, [B, n, n]) must be set here",
     )
     class_names: tuple[str, ...] = opt(
         COCO_NAMES,

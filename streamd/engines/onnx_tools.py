@@ -96,6 +96,13 @@ def model_io(model: Any, source: object = "model", input_size: tuple[int, int] |
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in initializers]
+    if len(inputs) == 1 and len(graph.output) > 1:  # streamd check says more (segmentation: which output)
+        listed = ", ".join(f"{o.name} [{', '.join(map(str, _dims(o)))}]" for o in graph.output)
+        raise EngineError(
+            f"model.path: multi-output models are not supported yet: outputs {listed} ({source}); supported "
+            "layouts: yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6], each one output",
+            EX_CONFIG,
+        )
     if len(inputs) != 1 or len(graph.output) != 1:
         raise EngineError(
             f"model.path: expected a model with one input and one output, got {len(inputs)} inputs and "

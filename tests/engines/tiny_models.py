@@ -126,3 +126,32 @@ def random_images(batch: int, size: int = 32, seed: int = 1) -> np.ndarray:
     return (np.random.default_rng(seed).random((batch, 3, size, size), dtype=np.float32) * 4 - 2).astype(
         np.float32
     )
+
+
+def make_outputs_model(path: Path, outputs: dict[str, list[int]], *, size: int = 32) -> Path:
+    """A model with input ``images`` [1, 3, S, S] and the given outputs (name -> fixed shape), each a
+    constant plus 0 x the input's mean: what a segmentation, pose, oriented-box or multi-output export
+    looks like to streamd's layout check, in a few hundred bytes."""
+    nodes = [
+        helper.make_node("ReduceMean", ["images"], ["mean"], keepdims=0),
+        helper.make_node("Mul", ["mean", "zero"], ["z"]),
+    ]
+    inits = [numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+    for name, shape in outputs.items():
+        inits.append(numpy_helper.from_array(np.full(shape, 0.01, np.float32), f"{name}.const"))
+        nodes.append(helper.make_node("Add", ["z", f"{name}.const"], [name]))
+    graph = helper.make_graph(
+        nodes,
+        "tiny_outputs",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="streamd-tests"
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path

@@ -84,33 +84,122 @@ class PostprocessSpec:
     thresholds: ClassThresholds | None = None  # per-stream, per-class thresholds (class filter); None = off
 
 
-def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int) -> str:
-    """Pick the output layout from the output shape when the config says ``auto``; check it otherwise."""
+SUPPORTED = "supported layouts: yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6], each one output"
+Dims = Sequence[int | str]
+
+
+def _text(dims: Dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _fitting(a: int, b: int, num_classes: int) -> list[str]:
+    """The layouts an output [B, a, b] fits with ``num_classes`` classes, in LAYOUTS order."""
+    fits = {"yolov8": a == 4 + num_classes, "yolov5": b == 5 + num_classes, "end2end": b == 6}
+    return [name for name in LAYOUTS if fits[name]]
+
+
+def _implied(layout: str, a: int, b: int) -> str:
+    """What ``layout`` would read from an output [B, a, b], whatever the class names say."""
+    if layout == "yolov8":
+        return f"yolov8 ({a - 4} classes, {b} candidates)"
+    if layout == "yolov5":
+        return f"yolov5 ({b - 5} classes, {a} candidates)"
+    return f"end2end (up to {a} boxes, NMS in the model)"
+
+
+def unsupported_model(outputs: Sequence[tuple[str, Dims]], num_classes: int) -> str | None:
+    """A ``model.path: ...`` message when the outputs show a model this version cannot run (segmentation,
+    pose, oriented boxes, several outputs): what was found and what streamd supports; None otherwise."""
+    listed = ", ".join(f"{name} {_text(dims)}" for name, dims in outputs)
+    if len(outputs) > 1:
+        protos = [(n, d) for n, d in outputs if len(d) == 4 and d[1] == 32]
+        if protos and any(len(d) == 3 for _, d in outputs):
+            return (
+                f"model.path: a segmentation model (Ultralytics -seg: outputs {listed}; {protos[0][0]} holds "
+                "32 prototype masks [B, 32, H/4, W/4]) is not supported: streamd runs detection models only; "
+                f"export the detection model (e.g. yolov8s.pt, not yolov8s-seg.pt); {SUPPORTED}"
+            )
+        return f"model.path: multi-output models are not supported yet: outputs {listed}; {SUPPORTED}"
+    if not outputs or len(outputs[0][1]) != 3 or not isinstance(outputs[0][1][1], int):
+        return None
+    a, c = int(outputs[0][1][1]), num_classes
+    if a == 4 + c + 32:
+        kind = (
+            f"a segmentation model ({a} = 4 box + {c} class scores + 32 mask coefficients, Ultralytics -seg)"
+        )
+    elif a > 5 and (a - 5) % 3 == 0 and (c == 1 or a == 56):
+        k = (a - 5) // 3
+        kind = f"a pose model ({a} = 4 box + 1 class score + {k} keypoints × 3, Ultralytics -pose)"
+    elif a == 5 + c:
+        kind = f"an oriented-box model ({a} = 4 box + {c} class scores + 1 angle, Ultralytics -obb)"
+    else:
+        return None
+    return (
+        f"model.path: output {listed} looks like {kind}, which this version cannot run; "
+        f"export the detection model (e.g. yolov8s.pt); {SUPPORTED}"
+    )
+
+
+def resolve_layout(layout: str, shape: tuple[int, ...], num_classes: int, name: str = "output") -> str:
+    """Pick the output layout from the output shape when the config says ``auto``; check it otherwise.
+
+    ``auto`` refuses (ValueError naming ``model.layout``) a shape that fits more than one layout, or a square
+    one ([B, n, n]: which axis holds the candidates cannot be told); a shape that fits none, or not the layout
+    set, is checked against the models this version cannot run (``unsupported_model``, ``model.path: ...``).
+    """
+    if layout not in (*LAYOUTS, "auto"):
+        raise ValueError(
+            f"model.layout: unknown layout {layout!r}; expected auto or one of {', '.join(LAYOUTS)}"
+        )
     if len(shape) != 3:
-        raise ValueError(f"model output: expected a 3-D tensor [B, ., .], got shape {list(shape)}")
+        raise ValueError(
+            f"model output: expected a 3-D tensor [B, ., .], got shape {list(shape)}; {SUPPORTED}"
+        )
+    _, a, b = shape
+    fits = _fitting(a, b, num_classes)
+    if layout == "auto" and (len(fits) > 1 or (fits and a == b)):
+        shaped = {"yolov8": a > 4, "yolov5": b > 5, "end2end": b == 6}  # whatever the class names say
+        options = fits if len(fits) > 1 else [x for x in LAYOUTS if shaped[x]]
+        raise ValueError(
+            f"model.layout: auto cannot tell the layout of output {name} {list(shape)} with {num_classes} "
+            f"class names: it fits {' and '.join(_implied(x, a, b) for x in options)}; set model.layout to "
+            f"{' or '.join(options)} (and model.class_names to the model's classes)"
+        )
+    if (layout == "auto" and fits) or layout in fits:
+        return fits[0] if layout == "auto" else layout
+    refused = unsupported_model([(name, shape)], num_classes)
+    if refused:
+        raise ValueError(refused)
+    if layout == "auto":
+        raise ValueError(
+            f"model output shape {list(shape)} fits no known layout for {num_classes} classes: expected "
+            f"[B, {4 + num_classes}, N] (yolov8), [B, N, {5 + num_classes}] (yolov5) or [B, K, 6] "
+            "(end2end); set model.layout or model.class_names to match the model"
+        )
+    raise ValueError(
+        f"model.layout is {layout!r} but the model output shape {list(shape)} does not match it "
+        f"with {num_classes} class names (model.class_names)"
+    )
+
+
+def layout_note(
+    layout: str, resolved: str, shape: Dims, num_classes: int, name: str = "output", source: str = ""
+) -> str:
+    """One line naming the layout in use and its evidence: the output and the classes it implies vs the
+    class names (``layout``: as configured, ``auto`` or a layout; ``source``: where a set layout came from,
+    e.g. "the model's metadata")."""
     _, a, b = shape
     if layout == "auto":
-        if b == 6 and a != 4 + num_classes:
-            layout = "end2end"
-        elif a == 4 + num_classes:
-            layout = "yolov8"
-        elif b == 5 + num_classes:
-            layout = "yolov5"
-        else:
-            raise ValueError(
-                f"model output shape {list(shape)} fits no known layout for {num_classes} classes: expected "
-                f"[B, {4 + num_classes}, N] (yolov8), [B, N, {5 + num_classes}] (yolov5) or [B, K, 6] "
-                "(end2end); set model.layout or model.class_names to match the model"
-            )
-    expected = {"yolov8": a == 4 + num_classes, "yolov5": b == 5 + num_classes, "end2end": b == 6}
-    if layout not in expected:
-        raise ValueError(f"model.layout: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if not expected[layout]:
-        raise ValueError(
-            f"model.layout is {layout!r} but the model output shape {list(shape)} does not match it "
-            f"with {num_classes} class names (model.class_names)"
-        )
-    return layout
+        head = f"model.layout auto chose {resolved}"
+    else:
+        head = f"model.layout {resolved}" + (f" (from {source})" if source else "")
+    if resolved == "yolov8":
+        why = f"{a} = 4 box + {num_classes} class scores over {b} candidates"
+    elif resolved == "yolov5":
+        why = f"{b} = 4 box + 1 objectness + {num_classes} class scores over {a} candidates"
+    else:
+        why = f"up to {a} boxes of (x1, y1, x2, y2, score, class id), NMS done in the model"
+    return f"{head}: output {name} {_text(shape)}, {why}; {num_classes} class names (model.class_names)"
 
 
 def candidates(
