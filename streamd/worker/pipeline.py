@@ -30,7 +30,7 @@ from streamd.pipeline.scheduler import Scheduler
 from streamd.protocol import Record, Resume, StreamCounters, StreamReport, WorkerStats
 from streamd.stages.contract import Stages
 from streamd.stages.cpu import CpuStages
-from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, resolve_layout
+from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, layout_note, resolve_layout
 from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
@@ -67,6 +67,7 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
             layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
         except ValueError as exc:
             raise StartupError(str(exc), EX_CONFIG) from exc
+        log.info("%s", layout_note(m.layout, layout, engine.output_shape, len(m.class_names)))
         pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
         post = PostprocessSpec(
             layout,

@@ -199,7 +199,8 @@ def layout_note(
         why = f"{b} = 4 box + 1 objectness + {num_classes} class scores over {a} candidates"
     else:
         why = f"up to {a} boxes of (x1, y1, x2, y2, score, class id), NMS done in the model"
-    return f"{head}: output {name} {_text(shape)}, {why}; {num_classes} class names (model.class_names)"
+    output = "output" if name == "output" else f"output {name}"  # an engine knows no output name
+    return f"{head}: {output} {_text(shape)}, {why}; {num_classes} class names (model.class_names)"
 
 
 def candidates(
