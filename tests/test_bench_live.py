@@ -40,7 +40,8 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads((out / "bench_live.json").read_text())
     (row,) = results["ramp"]
-    assert row["streams"] == 2 and row["devices"] == [0, 1] and row["delivered_fps"] > 0
+    daemon_log = "".join(f.read_text()[-1500:] for f in sorted(out.glob("daemon-*.log")))
+    assert row["streams"] == 2 and row["devices"] == [0, 1] and row["delivered_fps"] > 0, (row, daemon_log)
     assert row["exit"] == 0 and row["streams_seen"] == 2
     assert results["largest_clean_streams"] == largest_clean(results["ramp"])
     restart = results["restart"]
