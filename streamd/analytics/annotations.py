@@ -3,8 +3,8 @@
 
 - ``AnnotatedFrame``: a frame's result and the analytics of each of its detections (``Annotations``); a frame
   line. With ``tracking.fill_skipped`` a skipped frame's predicted boxes come as one too (``predicted``).
-- ``FrameEvent``: a ``ZoneEvent`` (a track entering or leaving a zone) at the frame that decided it; an event
-  line.
+- ``FrameEvent``: a ``ZoneEvent`` (a track entering, dwelling in or leaving a zone) or a ``LineEvent`` (a
+  track crossing a line) at the frame that decided it; an event line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TypeAlias
 import numpy as np
 
 from streamd.analytics.events import ZoneEvent
+from streamd.analytics.lines import LineEvent
 from streamd.types import Frame, FrameResult
 
 
@@ -47,7 +48,7 @@ class FrameEvent:
     """An event line: ``event`` happened at ``frame`` (only its stream, index, pts and time are read)."""
 
     frame: Frame
-    event: ZoneEvent
+    event: ZoneEvent | LineEvent
 
 
 Output: TypeAlias = AnnotatedFrame | FrameEvent

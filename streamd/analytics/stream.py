@@ -9,11 +9,12 @@ Called from two threads of the process that holds the stream:
 
 Both return what to write, in order, as typed values (``streamd.analytics.annotations``; the worker's output
 edge, ``streamd.worker.output``, makes the JSON lines): the frame (``AnnotatedFrame``: detections with their
-zones, track id and age) and then its zone events (``FrameEvent``). With ``tracking.fill_skipped`` a skipped
-frame gets an ``AnnotatedFrame`` of predicted boxes, handed back after the outputs of every earlier frame: at
-once from ``skip`` when no earlier frame is still in the detector, else from the ``annotate`` that settles
-it. Hold ``lock`` while calling and handing the outputs on (it is an RLock), so one stream's lines reach the
-sinks in frame order from both threads.
+zones, track id and age) and then its events (``FrameEvent``: zone enter/dwell/leave, line cross; lines and
+dwell read detected frames only, so a track carried over skipped frames moves in one step). With
+``tracking.fill_skipped`` a skipped frame gets an ``AnnotatedFrame`` of predicted boxes, handed back after
+the outputs of every earlier frame: at once from ``skip`` when no earlier frame is still in the detector,
+else from the ``annotate`` that settles it. Hold ``lock`` while calling and handing the outputs on (it is
+an RLock), so one stream's lines reach the sinks in frame order from both threads.
 
 The end of the stream: every track still in a zone gets its ``leave`` (stamped with the stream's last frame),
 so every ``enter`` has a ``leave``. ``stream_ended()`` is called by the ingest thread once its last frame is
@@ -40,6 +41,7 @@ import numpy as np
 
 from streamd.analytics.annotations import AnnotatedFrame, Annotations, FrameEvent, Output
 from streamd.analytics.events import ZoneEvent, ZoneEvents
+from streamd.analytics.lines import LineCrossings, LineEvent, LineSet
 from streamd.analytics.rate import DetectRate
 from streamd.analytics.tracker import ByteTracker
 from streamd.analytics.zones import ZoneSet
@@ -76,10 +78,12 @@ class StreamAnalytics:
         self.zones = ZoneSet(stream.zones) if stream.zones else None
         self.zones_only = bool(stream.zones_only)
         self.events = (
-            ZoneEvents(self.zones.names, self.zones.leave_after_s)
+            ZoneEvents(self.zones.names, self.zones.leave_after_s, self.zones.dwell_s)
             if self.zones is not None and self.tracker is not None
             else None
         )
+        lines = getattr(stream, "lines", ())
+        self.crossings = LineCrossings(LineSet(lines)) if lines and self.tracker is not None else None
         self.fill_skipped = self.tracker is not None and tracking.fill_skipped and self.rate is not None
         self.skipped = 0
         self.detected = 0
@@ -93,6 +97,15 @@ class StreamAnalytics:
     def active(self) -> bool:
         """False when nothing is configured: the caller may skip the hook and write plain lines."""
         return self.rate is not None or self.tracker is not None or self.zones is not None
+
+    def line_counts(self) -> dict[tuple[str, str, str], int]:
+        """Crossings so far per (line, class label, direction) (any thread)."""
+        if self.crossings is None:
+            return {}
+        with self.lock:
+            counts = list(self.crossings.counts.items())
+        names = self.names
+        return {(line, names[c] if 0 <= c < len(names) else str(c), d): n for (line, c, d), n in counts}
 
     # -- ingest thread ---------------------------------------------------------------------------------------
     def should_detect(self, frame: Frame) -> bool:
@@ -159,6 +172,8 @@ class StreamAnalytics:
 
     def _close_zones(self) -> list[Output]:
         """``leave`` for every track still in a zone, at the stream's last frame (nothing the second time)."""
+        if self.crossings is not None:
+            self.crossings.end_all()
         if self.events is None or self._last is None:
             return []
         last = self._last
@@ -172,10 +187,10 @@ class StreamAnalytics:
 
     def _check_zones(self, frame: Frame) -> None:
         size = (frame.width, frame.height)
-        if self.zones is None or size == self._checked_size:
+        if size == self._checked_size:
             return
         self._checked_size = size
-        outside = self.zones.outside(frame.width, frame.height)
+        outside = self.zones.outside(frame.width, frame.height) if self.zones is not None else []
         if outside:
             where = f"{frame.width}x{frame.height}"
             log.error(
@@ -185,13 +200,22 @@ class StreamAnalytics:
                 ", ".join(outside),
                 where,
             )
+        far = self.crossings.lines.outside(*size) if self.crossings is not None else []
+        if far:
+            log.error(
+                "stream %s: line(s) %s reach outside the %dx%d frame (streams[].lines[].points are in source "
+                "pixels); only the part inside can be crossed",
+                self.stream_id,
+                ", ".join(far),
+                *size,
+            )
 
     def _frame_outputs(self, result: FrameResult) -> list[Output]:
         """A detected frame: tracks, zones, events; rows no track took (and with ``zones_only``, rows in no
         zone) are left out."""
         frame, det = result.frame, result.detections
         track_id = track_age = zones = None
-        events: list[ZoneEvent] = []
+        events: list[ZoneEvent | LineEvent] = []
         ended: list[int] = []
         if self.tracker is not None:
             up = self.tracker.update(det.xyxy, det.score, det.class_id, frame.index, stream_time(frame))
@@ -199,13 +223,16 @@ class StreamAnalytics:
             tracked = up.track_id >= 0
             if not tracked.all():  # low score, continues no track: not written (ByteTrack's output)
                 det, track_id, track_age = _keep(det, tracked), track_id[tracked], track_age[tracked]
+        self._check_zones(frame)
         if self.zones is not None:
-            self._check_zones(frame)
             zones = self.zones.membership(det.xyxy, det.class_id, (frame.width, frame.height))
             if self.events is not None and track_id is not None:
-                events = self.events.update(track_id, det.class_id, zones, stream_time(frame))
+                events += self.events.update(track_id, det.class_id, zones, stream_time(frame))
         if self.events is not None:
             events += self.events.end(ended)
+        if self.crossings is not None and track_id is not None:
+            events += self.crossings.update(track_id, det.class_id, det.xyxy)
+            self.crossings.end(ended)
         if self.zones_only and zones is not None:
             keep = zones.any(axis=1)
             if not keep.all():

@@ -83,6 +83,7 @@ class ZoneSet:
             for z in zones
         ]
         self.leave_after_s = [float(getattr(z, "leave_after_s", DEFAULT_LEAVE_AFTER_S)) for z in zones]
+        self.dwell_s: list[float | None] = [getattr(z, "dwell_s", None) for z in zones]
         self._size: tuple[int, int] | None = None  # the frame size self.edges were fitted to (None: as drawn)
 
     def _fit(self, size: tuple[int, int]) -> None:

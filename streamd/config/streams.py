@@ -19,7 +19,9 @@ from streamd.config._fields import (
     required,
     value_of,
 )
+from streamd.config.clips import ClipsConfig, override_clips
 from streamd.config.coco import COCO_NAMES
+from streamd.config.lines import LineConfig, parse_lines
 from streamd.config.model import class_list, resolve_classes
 from streamd.config.tracking import TrackingConfig, override_tracking
 from streamd.geometry import polygon_problem
@@ -53,6 +55,12 @@ class ZoneConfig:
         0.5,
         "seconds (stream time) a track must be seen outside the zone before it leaves; 0 = at once",
         ge=0,
+    )
+    dwell_s: float | None = opt(
+        None,
+        "seconds (stream time) a track must stay in the zone for one 'dwell' event per visit (needs "
+        "tracking); default: no dwell events",
+        gt=0,
     )
 
 
@@ -104,8 +112,14 @@ class StreamConfig:
     )
     zones: tuple[ZoneConfig, ...] = opt((), "named polygons; each detection lists the zones it is in")
     zones_only: bool = opt(False, "drop detections that are in no zone (needs zones)")
+    lines: tuple[LineConfig, ...] = opt(
+        (), "named directed segments; tracks crossing one give cross events and counters (needs tracking)"
+    )
     tracking: TrackingConfig = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
         TrackingConfig(), "keys of the global tracking: section to override for this stream"
+    )
+    clips: ClipsConfig = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        ClipsConfig(), "keys of the global clips: section to override for this stream"
     )
 
     def __repr__(self) -> str:  # the URL redacted, so logging a config never shows a password
@@ -232,6 +246,7 @@ def parse_zones(
             special={
                 "polygon": check_polygon,
                 "classes": lambda v, p: resolve_classes(class_list(v, p), names, p),
+                "dwell_s": lambda v, p: coerce(v, float, {"gt": 0}, p),
             },
             what="a mapping with name: and polygon:",
         )
@@ -251,18 +266,39 @@ def parse_zones(
     return tuple(zones)
 
 
+def verify_needs_tracking(given: dict[str, Any], path: str, problems: Problems) -> None:
+    """Lines and zones' dwell_s follow tracks: without tracking they could never say anything."""
+    tracking = given.get("tracking")
+    if tracking is None or tracking.enabled:
+        return
+    fix = f"set tracking: {{enabled: true}} (globally, or {path}.tracking)"
+    if given.get("lines"):
+        problems.add(
+            f"{path}.lines", f"lines count tracks crossing them, but tracking is off for this stream; {fix}"
+        )
+    for k, zone in enumerate(given.get("zones") or ()):
+        if zone.dwell_s is not None:
+            problems.add(
+                f"{path}.zones[{k}].dwell_s",
+                f"dwell_s times tracks in the zone, but tracking is off for this stream; {fix} "
+                "or delete dwell_s",
+            )
+
+
 def parse_streams(
     raw: object,
     problems: Problems,
     base_dir: Path,
     class_names: tuple[str, ...] = COCO_NAMES,
     tracking: TrackingConfig | None = None,
+    clips: ClipsConfig | None = None,
 ) -> tuple[StreamConfig, ...]:
     """Check the ``streams:`` list; report every problem; return the streams that are valid.
 
     ``class_names`` (model.class_names) resolve the class names of ``classes`` and zones; ``tracking`` is the
     global section that ``streams[].tracking`` overrides."""
     base_tracking = tracking or TrackingConfig()
+    base_clips = clips or ClipsConfig()
     if not isinstance(raw, list):
         problems.add("streams", f"expected a list of streams (each with id: and url:), got {describe(raw)}")
         return ()
@@ -283,16 +319,19 @@ def parse_streams(
                 "detect_fps": check_detect_fps,
                 "classes": lambda v, p: resolve_classes(class_list(v, p), class_names, p),
                 "zones": lambda v, p: parse_zones(v, p, problems, class_names),
+                "lines": lambda v, p: parse_lines(v, p, problems, class_names),
                 "tracking": lambda v, p: override_tracking(base_tracking, v, problems, p),
+                "clips": lambda v, p: override_clips(base_clips, v, problems, p, base_dir, class_names),
             },
             what="a mapping with at least id: and url:",
         )
         if given is None:
             continue
-        for key in ("zones", "tracking"):  # None: the problems were reported inside
+        for key in ("zones", "lines", "tracking", "clips"):  # None: the problems were reported inside
             if given.get(key, ()) is None:
                 del given[key]
         given.setdefault("tracking", base_tracking)
+        given.setdefault("clips", base_clips)
         if given.get("zones_only") and not item.get("zones"):
             problems.add(
                 f"{here}.zones_only",
@@ -300,6 +339,7 @@ def parse_streams(
                 "add zones: or delete zones_only",
             )
         verify_stream_options(given, item, here, problems)
+        verify_needs_tracking(given, here, problems)
         stream_id = given.get("id")
         if stream_id is not None:
             if stream_id in first_use:

@@ -2,7 +2,8 @@
 
 Two kinds of lines share the output (schema: streamd/data/result.schema.json): **frame lines** (no ``type``
 key; one per processed frame, and with ``tracking.fill_skipped`` one per skipped frame, marked
-``"predicted": true``) and **event lines** (``"type": "event"``: a track entering or leaving a zone).
+``"predicted": true``) and **event lines** (``"type": "event"``: a track entering, dwelling in or leaving a
+zone, or crossing a line).
 Analytics add optional keys to each detection: ``zones`` (names of the zones it is in), ``track_id`` and
 ``track_age``. Keys are written in a fixed order and numbers rounded as below, so a line is byte-stable for
 the same values.
@@ -17,6 +18,7 @@ import numpy as np
 
 from streamd.analytics.annotations import AnnotatedFrame, Annotations, FrameEvent, Output
 from streamd.analytics.events import ZoneEvent
+from streamd.analytics.lines import LineEvent
 from streamd.types import Frame, FrameResult
 
 SCHEMA_VERSION = 1
@@ -63,9 +65,10 @@ def frame_record(result: FrameResult, names: Sequence[str], notes: Annotations |
     return record
 
 
-def event_record(frame: Frame, event: ZoneEvent, names: Sequence[str]) -> dict:
-    """An ``enter``/``leave`` event line as a dict, stamped with ``frame``."""
-    return {
+def event_record(frame: Frame, event: ZoneEvent | LineEvent, names: Sequence[str]) -> dict:
+    """An event line as a dict, stamped with ``frame``: ``enter``/``dwell``/``leave`` of a zone (the last two
+    with ``time_in_zone_s``) or ``cross`` of a line (with its ``direction``)."""
+    record = {
         "v": SCHEMA_VERSION,
         "type": "event",
         "event": event.event,
@@ -73,11 +76,15 @@ def event_record(frame: Frame, event: ZoneEvent, names: Sequence[str]) -> dict:
         "frame": frame.index,
         "pts": None if frame.pts is None else round(frame.pts, 6),
         "time": round(frame.wall_time, 6),
-        "zone": event.zone,
-        "track_id": event.track_id,
-        "class_id": event.class_id,
-        "label": _label(event.class_id, names),
     }
+    if isinstance(event, LineEvent):
+        record["line"], record["direction"] = event.line, event.direction
+    else:
+        record["zone"] = event.zone
+        if event.time_in_zone_s is not None:
+            record["time_in_zone_s"] = round(event.time_in_zone_s, 3)
+    record.update(track_id=event.track_id, class_id=event.class_id, label=_label(event.class_id, names))
+    return record
 
 
 def _dumps(record: dict) -> str:

@@ -57,7 +57,8 @@ def test_tracks_inside_leave_when_the_stream_ends(tmp_path) -> None:
     assert events(end) == [("leave", "all", 1, 4), ("leave", "left", 1, 4), ("leave", "all", 2, 4)]
     enter = next(r for r in parse(lines) if r.get("type") == "event")
     leave = parse(end)[0]
-    assert set(leave) == set(enter) and leave["pts"] == 0.4 and leave["label"] == "person"
+    assert set(leave) == {*enter, "time_in_zone_s"} and leave["pts"] == 0.4 and leave["label"] == "person"
+    assert leave["time_in_zone_s"] == 0.4  # in from frame 0 (0.0 s), last seen inside at frame 4 (0.4 s)
     assert text(a.stream_ended()) == [] and text(a.flush()) == []  # once
 
 

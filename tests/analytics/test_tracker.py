@@ -162,4 +162,4 @@ def test_zone_events_balance():
     assert [e.event for e in events.update(np.array([7]), np.array([0]), ~inside)] == ["leave"]
     events.update(np.array([7, -1]), np.array([0, 0]), np.array([[True], [True]]))
     assert [e.event for e in events.end([7, 8])] == ["leave"]
-    assert events.counts == {"enter": 2, "leave": 2}
+    assert events.counts == {"enter": 2, "dwell": 0, "leave": 2}
