@@ -1,4 +1,10 @@
-"""CPU decoder (PyAV / FFmpeg): packets -> host BGR uint8 pictures. Twin of ``decode/nvdec.py``."""
+"""CPU decoder (PyAV / FFmpeg): packets -> host BGR uint8 pictures. Twin of ``decode/nvdec.py``.
+
+4:2:0 8-bit pictures (yuv420p, yuvj420p, nv12: what H.264/HEVC cameras send) are converted to BGR with the
+GPU preprocess kernel's arithmetic (``stages.preprocess.colour``: the matrix and range the stream signals,
+chroma of the 2 x 2 block, rounded once to 8 bits), so the CPU and GPU paths see the same pictures; other
+formats go through FFmpeg's converter.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import numpy as np
 
 from streamd.ingest.decode.base import DecodedPicture, DecodeError, same_format
 from streamd.ingest.sources.base import Packet, VideoInfo
+from streamd.stages.preprocess.colour import signalled, yuv420_to_bgr
 
 
 class CpuDecoder:
@@ -74,8 +81,25 @@ class CpuDecoder:
                 plane = f.planes[0]
                 rows = np.frombuffer(memoryview(plane), np.uint8).reshape(-1, plane.line_size)
                 luma = rows[: f.height, : f.width].copy()
-            out.append(DecodedPicture(pts, f.width, f.height, image=f.to_ndarray(format="bgr24"), luma=luma))
+            out.append(DecodedPicture(pts, f.width, f.height, image=self._bgr(f), luma=luma))
         return out
+
+    def _bgr(self, f: av.VideoFrame) -> np.ndarray:
+        """The picture as BGR uint8, converted as the GPU kernel converts (module docstring)."""
+        fmt = f.format.name
+        if fmt not in _YUV420:
+            return f.to_ndarray(format="bgr24")
+        w, h = f.width, f.height
+        cw, ch = (w + 1) // 2, (h + 1) // 2
+        matrix, full = signalled(
+            int(f.colorspace), int(f.color_range), self.info.color_matrix, self.info.full_range
+        )
+        if fmt == "nv12":
+            uv = _plane(f, 1, 2 * cw, ch)
+            u, v = np.ascontiguousarray(uv[:, 0::2]), np.ascontiguousarray(uv[:, 1::2])
+        else:
+            u, v = _plane(f, 1, cw, ch), _plane(f, 2, cw, ch)
+        return yuv420_to_bgr(_plane(f, 0, w, h), u, v, matrix, full or fmt == "yuvj420p")
 
     def _send(self, pkt: av.Packet) -> list[DecodedPicture]:
         try:
@@ -129,3 +153,12 @@ class CpuDecoder:
 
     def close(self) -> None:
         self._ctx = None
+
+
+_YUV420 = ("yuv420p", "yuvj420p", "nv12")
+
+
+def _plane(f: av.VideoFrame, index: int, width: int, height: int) -> np.ndarray:
+    """Plane ``index`` of ``f`` as a (height, width) uint8 view (rows padded to ``line_size`` in memory)."""
+    plane = f.planes[index]
+    return np.frombuffer(memoryview(plane), np.uint8).reshape(-1, plane.line_size)[:height, :width]

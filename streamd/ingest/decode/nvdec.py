@@ -46,6 +46,7 @@ Only this module (and ``streamd/gpu``, ``streamd/engines``) imports CUDA or PyNv
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -53,8 +54,9 @@ import numpy as np
 from streamd.gpu.decoder_io import DecoderGpu
 from streamd.ingest.decode.base import DecodedPicture, DecodeError, DecoderFull, close_later, same_format
 from streamd.ingest.decode.pool import Nv12Lease, SurfacePool
-from streamd.ingest.decode.sps import reorder_depth
+from streamd.ingest.decode.sps import colour_signal, reorder_depth
 from streamd.ingest.sources.base import Packet, VideoInfo
+from streamd.stages.preprocess.colour import signalled
 
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
 SPS_SCAN_BYTES = 1024  # parameter sets open an access unit (after an AUD / VPS), well inside this
@@ -72,6 +74,17 @@ def find_sps(view: np.ndarray, codec: str) -> bytes | None:
             end = int(starts[k + 1]) - 3 if k + 1 < len(starts) else head.size
             return head[i:end].tobytes().rstrip(b"\0")
     return None
+
+
+def with_colour(info: VideoInfo, sps: bytes | None) -> VideoInfo:
+    """``info`` with the colour matrix and range its SPS signals, where it does (the OpenCV source cannot
+    tell; the CPU decoder reads the same from FFmpeg's frames): what the kernel converts the pictures with."""
+    if sps is None:
+        return info
+    matrix, full = signalled(*colour_signal(sps, info.codec), info.color_matrix, info.full_range)
+    if (matrix, full) == (info.color_matrix, info.full_range):
+        return info
+    return replace(info, color_matrix=matrix, full_range=full)
 
 
 RECREATE_AFTER = 3  # Decode() failures in a row before the decoder is recreated
@@ -137,6 +150,8 @@ class NvdecDecoder:
         except Exception as exc:  # ImportError, OSError (driver libraries), CUDAError
             raise DecodeError(f"NVDEC is not available here: {type(exc).__name__}: {exc}") from None
         self.info = info
+        head = np.frombuffer(info.extradata, np.uint8) if info.extradata else None
+        self._colour_info = with_colour(info, None if head is None else find_sps(head, info.codec))
         self.device = device
         self.pool = SurfacePool(self._gpu, pool_size)
         self._acquire_timeout_s = acquire_timeout_s
@@ -210,6 +225,7 @@ class NvdecDecoder:
         if self._closed or not same_format(self.info, info):
             return False
         self.info = info
+        self._colour_info = with_colour(info, self._sps)
         return True
 
     # -- decoding ----------------------------------------------------------------------------------------
@@ -224,6 +240,7 @@ class NvdecDecoder:
                 self.sequence_changes += 1
                 self._recreate(grow=False, head=view)
             self._sps = sps
+            self._colour_info = with_colour(self.info, sps)
         if self._flushed:  # after a flush (end of a pass/session): the same decoder goes on
             self._flushed = False
             self._send_extradata = bool(self.info.extradata)
@@ -297,7 +314,7 @@ class NvdecDecoder:
             gpu.copy_plane(uv, slot.pitch, luma + chroma_off, src_pitch, width, height // 2)
         gpu.record(slot.ready)
         pts = self._pts(frame)
-        surface = Nv12Lease(slot, self.pool, gpu, self.info, self.device)
+        surface = Nv12Lease(slot, self.pool, gpu, self._colour_info, self.device)
         return DecodedPicture(pts, width, height, surface=surface)
 
     def _size(self, frame: Any) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""How many pictures a stream may reorder, read from its sequence parameter set (H.264 and HEVC).
+"""How many pictures a stream may reorder (H.264 and HEVC) and its colour signal (H.264), from its SPS.
 
 The NVDEC decoder may use its zero-display-delay mode only for streams that never reorder (no B-frames:
 decode order = display order); this module reads that from the SPS, the way the standards state it:
@@ -7,6 +7,9 @@ decode order = display order); this module reads that from the SPS, the way the 
 - H.264: 0 for the Baseline profile (no B slices), for ``pic_order_cnt_type`` 2 (output order = decode
   order) and for intra-only streams (no reference frames); else the VUI's ``max_num_reorder_frames`` when the
   encoder wrote bitstream restrictions (x264 and most camera encoders do); else unknown (None).
+
+:func:`colour_signal` reads the H.264 VUI's colour signal (matrix coefficients, full-range flag) for the
+decoders' YUV -> RGB conversion (``stages.preprocess.colour``): the OpenCV source cannot report it.
 
 Pure Python over a few dozen bytes, once per decoder; no GPU needed (tests run on the CPU).
 """
@@ -90,44 +93,38 @@ def _skip_hrd(r: _Bits) -> None:
     r.u(20)  # four 5-bit lengths / delays
 
 
-def _h264(r: _Bits) -> int | None:
-    profile = r.u(8)
-    r.u(16)  # constraint flags, level
-    r.ue()  # seq_parameter_set_id
-    if profile in _H264_HIGH_PROFILES:
-        chroma = r.ue()
-        if chroma == 3:
+def colour_signal(sps_nal: bytes, codec: str) -> tuple[int | None, int | None]:
+    """(matrix_coefficients, range) an H.264 SPS's VUI signals: ISO/IEC 23091-2 MatrixCoefficients (None: not
+    written) and FFmpeg's AVColorRange (1 limited, 2 full; None: not written). HEVC and unparsable SPSs give
+    (None, None): the source's values stand (``stages.preprocess.colour.signalled``)."""
+    if codec != "h264":
+        return None, None
+    try:
+        r = _Bits(rbsp(sps_nal[1:]))
+        if not _h264_to_vui(r)[3]:
+            return None, None
+        if r.u(1) and r.u(8) == 255:  # aspect_ratio_info
+            r.u(32)
+        if r.u(1):  # overscan_info_present_flag
             r.u(1)
-        r.ue()
-        r.ue()
-        r.u(1)
-        if r.u(1):  # seq_scaling_matrix_present_flag
-            for i in range(12 if chroma == 3 else 8):
-                if r.u(1):
-                    _skip_scaling_list(r, 16 if i < 6 else 64)
-    r.ue()  # log2_max_frame_num_minus4
-    poc_type = r.ue()
-    if poc_type == 0:
-        r.ue()
-    elif poc_type == 1:
-        r.u(1)
-        r.se()
-        r.se()
-        for _ in range(r.ue()):
-            r.se()
-    ref_frames = r.ue()
-    if profile == 66 or poc_type == 2 or ref_frames == 0:
+        if not r.u(1):  # video_signal_type_present_flag
+            return None, None
+        r.u(3)  # video_format
+        full = r.u(1)
+        matrix = None
+        if r.u(1):  # colour_description_present_flag
+            r.u(16)  # colour_primaries, transfer_characteristics
+            matrix = r.u(8)
+        return matrix, 2 if full else 1
+    except ValueError:
+        return None, None
+
+
+def _h264(r: _Bits) -> int | None:
+    _, poc_type, ref_frames, vui = _h264_to_vui(r)
+    if poc_type < 0 or ref_frames == 0:
         return 0  # Baseline (no B slices), output order = decode order, or intra only
-    r.u(1)  # gaps_in_frame_num_value_allowed_flag
-    r.ue()
-    r.ue()
-    if not r.u(1):  # frame_mbs_only_flag
-        r.u(1)
-    r.u(1)  # direct_8x8_inference_flag
-    if r.u(1):  # frame_cropping_flag
-        for _ in range(4):
-            r.ue()
-    if not r.u(1):  # vui_parameters_present_flag
+    if not vui:
         return None
     if r.u(1) and r.u(8) == 255:  # aspect_ratio_info
         r.u(32)
@@ -159,6 +156,47 @@ def _h264(r: _Bits) -> int | None:
     for _ in range(4):
         r.ue()
     return r.ue()  # max_num_reorder_frames
+
+
+def _h264_to_vui(r: _Bits) -> tuple[int, int, int, int]:
+    """Reads an H.264 SPS up to its VUI: (profile, poc type, ref frames, vui present); poc type -1 for the
+    Baseline profile and ``pic_order_cnt_type`` 2 (no reordering), where the rest is not read."""
+    profile = r.u(8)
+    r.u(16)  # constraint flags, level
+    r.ue()  # seq_parameter_set_id
+    if profile in _H264_HIGH_PROFILES:
+        chroma = r.ue()
+        if chroma == 3:
+            r.u(1)
+        r.ue()
+        r.ue()
+        r.u(1)
+        if r.u(1):  # seq_scaling_matrix_present_flag
+            for i in range(12 if chroma == 3 else 8):
+                if r.u(1):
+                    _skip_scaling_list(r, 16 if i < 6 else 64)
+    r.ue()  # log2_max_frame_num_minus4
+    poc_type = r.ue()
+    if poc_type == 0:
+        r.ue()
+    elif poc_type == 1:
+        r.u(1)
+        r.se()
+        r.se()
+        for _ in range(r.ue()):
+            r.se()
+    ref_frames = r.ue()
+    r.u(1)  # gaps_in_frame_num_value_allowed_flag
+    r.ue()
+    r.ue()
+    if not r.u(1):  # frame_mbs_only_flag
+        r.u(1)
+    r.u(1)  # direct_8x8_inference_flag
+    if r.u(1):  # frame_cropping_flag
+        for _ in range(4):
+            r.ue()
+    vui = r.u(1)  # vui_parameters_present_flag
+    return profile, -1 if profile == 66 or poc_type == 2 else poc_type, ref_frames, vui
 
 
 def _hevc(r: _Bits) -> int | None:

@@ -6,6 +6,10 @@ Resize convention shared with the CUDA kernel, so both give the same tensor:
 - stretch: independent scales ``W / w`` and ``H / h``, no padding;
 - bilinear sampling with half-pixel centres (OpenCV's INTER_LINEAR), pad pixels = ``pad_value`` before
   normalisation; then ``(pixel - mean) / std`` per channel in the model's channel order.
+
+Colour: the CPU decoder's BGR images come from ``colour.yuv420_to_bgr`` (the kernel's YUV -> RGB, rounded to
+8 bits); :meth:`CpuPreprocessor.nv12` takes the NV12 planes the kernel reads and converts them as the kernel
+does (``colour.nv12_to_bgr_float``, no rounding), so the two give the same tensor up to float rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from streamd.stages.preprocess.colour import nv12_to_bgr_float
 from streamd.stages.preprocess.spec import PreprocessSpec, compute_transform
 from streamd.types import Transform
 
@@ -31,7 +36,8 @@ class CpuPreprocessor:
         self._shift = (np.asarray(spec.mean, np.float32) / np.asarray(spec.std, np.float32)).reshape(3, 1, 1)
 
     def __call__(self, image: np.ndarray, out: np.ndarray) -> Transform:
-        """Write one BGR (H, W, 3) uint8 image into ``out`` (3, height, width) float32; return its transform.
+        """Write one BGR (H, W, 3) uint8 (or float32, 0..255) image into ``out`` (3, height, width) float32;
+        return its transform.
 
         Resizing happens in float32 (no rounding back to uint8), the same arithmetic as the CUDA kernel.
         """
@@ -49,3 +55,10 @@ class CpuPreprocessor:
         np.multiply(chw, self._scale, out=out)
         out -= self._shift
         return transform
+
+    def nv12(
+        self, y: np.ndarray, uv: np.ndarray, matrix: str, full_range: bool, out: np.ndarray
+    ) -> Transform:
+        """The kernel's NV12 input (Y (h, w), interleaved UV (ceil(h/2), 2 ceil(w/2)) uint8) into ``out``,
+        converted with the kernel's arithmetic (``colour``); returns the transform."""
+        return self(nv12_to_bgr_float(y, uv, matrix, full_range), out)

@@ -4,6 +4,8 @@ Input per frame: an :class:`Nv12Surface` (two planes with pitches, any even or o
 limited or full range) or a :class:`PackedSurface` (8-bit BGR/RGB rows with a pitch). Output: ``[B, 3, H, W]``
 float32 or float16 written at a device address (the engine's input tensor). Same resize convention as the CPU
 twin (``streamd.stages.preprocess.cpu``), whose :func:`compute_transform` gives each frame's transform.
+NV12 -> RGB follows ``streamd.stages.preprocess.colour`` (its coefficients, chroma siting and interpolation:
+chroma of the 2 x 2 block, no rounding before the resize), the CPU decoder's conversion too.
 
 One launch per batch; the per-frame parameters travel in a small device array, uploaded from a pinned staging
 ring on the caller's stream (each ring entry is reused only after the work that read it has finished).
@@ -19,6 +21,7 @@ import numpy as np
 
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod, device_pointer
 from streamd.gpu.kernels import KernelLoader, PackedArgs
+from streamd.stages.preprocess.colour import yuv_coefficients
 from streamd.stages.preprocess.spec import PreprocessSpec, compute_transform
 from streamd.types import Nv12Surface, PackedSurface, Surface, Transform
 
@@ -35,8 +38,6 @@ FRAME_DTYPE = np.dtype(
 assert FRAME_DTYPE.itemsize == 96, FRAME_DTYPE.itemsize
 
 FORMAT_NV12, FORMAT_BGR, FORMAT_RGB = 0, 1, 2
-# (Kr, Kb) luma weights of each colour matrix.
-MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}  # Kr, Kb per streamd.types.COLOR_MATRICES
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -49,21 +50,6 @@ class Normalise(ctypes.Structure):
         ("shift", ctypes.c_float * 3),
         ("pad", ctypes.c_float * 3),
     ]
-
-
-def yuv_coefficients(matrix: str, full_range: bool) -> tuple[float, float, float, float, float, float]:
-    """(y_off, y_gain, r_v, g_u, g_v, b_u): YUV -> RGB in 0..255 units, from the matrix's Kr, Kb."""
-    kr, kb = MATRICES[matrix]
-    kg = 1.0 - kr - kb
-    y_off, y_gain, c_gain = (0.0, 1.0, 1.0) if full_range else (16.0, 255.0 / 219.0, 255.0 / 224.0)
-    return (
-        y_off,
-        y_gain,
-        2.0 * (1.0 - kr) * c_gain,
-        -2.0 * kb * (1.0 - kb) / kg * c_gain,
-        -2.0 * kr * (1.0 - kr) / kg * c_gain,
-        2.0 * (1.0 - kb) * c_gain,
-    )
 
 
 def frame_params(
