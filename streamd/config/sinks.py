@@ -142,12 +142,65 @@ class HttpSinkConfig:
     type: Literal["http"] = field(default="http", init=False)
 
 
-SinkConfig = Union[JsonlSinkConfig, StdoutSinkConfig, MqttSinkConfig, HttpSinkConfig]  # noqa: UP007
+@dataclass(frozen=True)
+class RedisSinkConfig:
+    """Append each JSON line to a Redis Stream (XADD), at least once: while the server is away the lines wait
+    in an on-disk spool, bounded in bytes, and are sent in order when it is back."""
+
+    host: str = required(
+        "the Redis server's host name or IP address",
+        pattern=r"[^\s/]+",
+        pattern_doc="a host name or IP address (no spaces or slashes)",
+    )
+    spool_dir: Path = required(  # noqa: RUF009 (required() is a dataclasses.field)
+        "folder of the on-disk spool (lines wait there while the server is away; kept across restarts); "
+        "created if missing, its parent must exist; one folder per sink",
+        ask="a folder for the spool, relative to the config file's folder",
+    )
+    port: int = opt(6379, "the Redis server's TCP port", ge=1, le=65535)
+    db: int = opt(0, "Redis database number", ge=0)
+    username: str = opt("", "ACL user name; empty = the default user")
+    password_file: Path | None = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
+        None, "file holding the password (first line); never logged"
+    )
+    password_env: str = opt(
+        "",
+        "environment variable holding the password (used when password_file is not given); never logged",
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+        pattern_doc="an environment variable name",
+    )
+    key: str = opt(
+        "streamd:{stream}",
+        "the Redis Stream each line is added to; {stream} is replaced by the stream id",
+        pattern=r"\S+",
+        pattern_doc="a Redis key without spaces; {stream} = the stream id",
+    )
+    maxlen: int = opt(
+        100000, "each Redis Stream is trimmed to about this many entries (XADD MAXLEN ~); 0 = never", ge=0
+    )
+    batch_size: int = opt(100, "most lines sent in one round trip (pipelined XADDs)", ge=1, le=10000)
+    timeout_s: float = opt(5.0, "timeout of the connect and of each reply", gt=0)
+    retry_max_s: float = opt(5.0, "longest wait between attempts while the server is away", ge=0.1)
+    spool_max_bytes: int = opt(
+        1 << 30,
+        "most bytes the spool holds; beyond it the oldest lines are dropped and counted",
+        ge=1 << 20,
+    )
+    queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
+    skip_empty: bool = opt(False, _SKIP_DOC)
+    drops_ok: bool = opt(False, _DROPS_DOC)
+    type: Literal["redis"] = field(default="redis", init=False)
+
+
+SinkConfig = Union[  # noqa: UP007
+    JsonlSinkConfig, StdoutSinkConfig, MqttSinkConfig, HttpSinkConfig, RedisSinkConfig
+]
 SINK_TYPES: dict[str, type] = {
     "jsonl": JsonlSinkConfig,
     "stdout": StdoutSinkConfig,
     "mqtt": MqttSinkConfig,
     "http": HttpSinkConfig,
+    "redis": RedisSinkConfig,
 }
 DEFAULT_SINKS: tuple[SinkConfig, ...] = (StdoutSinkConfig(),)
 
@@ -174,6 +227,19 @@ def check_topic_template(value: object, path: str, pattern: str, doc: str) -> st
     return value
 
 
+def check_spool_dir(value: object, path: str, base_dir: Path) -> Path:
+    full = resolve_path(path_text(value, path, "the spool folder"), base_dir)
+    if full.exists() and not full.is_dir():
+        raise Invalid(f"{str(value)!r} is a file ({full}); give a folder for the spool", path)
+    if not full.exists() and not full.parent.is_dir():
+        note = "" if os.path.isabs(os.path.expanduser(str(value))) else f"; {RELATIVE_NOTE}"
+        raise Invalid(
+            f"folder not found: {str(full.parent)!r} (the parent of {str(value)!r}{note}); create it first",
+            path,
+        )
+    return full
+
+
 def _specials(cls: type, base_dir: Path) -> dict:
     if cls is JsonlSinkConfig:
         return {"path": lambda v, p: check_output_file(v, p, base_dir)}
@@ -190,6 +256,12 @@ def _specials(cls: type, base_dir: Path) -> dict:
             "password_file": file,
             "topic": topic("an MQTT topic without wildcards or spaces; {stream} = the stream id"),
             "status_topic": topic("an MQTT topic without wildcards or spaces; {stream} = the stream id"),
+        }
+    if cls is RedisSinkConfig:
+        return {
+            "spool_dir": lambda v, p: check_spool_dir(v, p, base_dir),
+            "password_file": lambda v, p: existing_file(path_text(v, p, "a file path"), p, base_dir),
+            "key": lambda v, p: check_topic_template(v, p, r"\S+", "a Redis key without spaces"),
         }
     return {}
 
@@ -242,6 +314,14 @@ def parse_sinks(raw: object, problems: Problems, base_dir: Path) -> tuple[SinkCo
                 )
             else:
                 stdout_index = index
+        elif isinstance(sink, RedisSinkConfig):
+            if sink.spool_dir in first_use:
+                problems.add(
+                    f"{here}.spool_dir",
+                    f"{str(sink.spool_dir)!r} is already used by sinks[{first_use[sink.spool_dir]}]; "
+                    "give each redis sink its own spool folder",
+                )
+            first_use.setdefault(sink.spool_dir, index)
         elif isinstance(sink, MqttSinkConfig) and sink.ca_file is not None and not sink.tls:
             problems.add(
                 f"{here}.ca_file", "ca_file is given but tls is false; set tls: true or drop ca_file"

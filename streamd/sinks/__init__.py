@@ -1,4 +1,4 @@
-"""Sinks: finished JSON lines -> files, stdout, MQTT, HTTP. The contract is in ``base.py``.
+"""Sinks: finished JSON lines -> files, stdout, MQTT, HTTP, Redis Streams. The contract is in ``base.py``.
 
 ``build_sinks(configs)`` makes one sink per ``sinks:`` item; ``SinkSet`` is what the supervisor holds: it
 starts them (a failure seen at start raises ``StartupError``), fans each line out, reopens files on SIGHUP,
@@ -17,6 +17,7 @@ from streamd.config.sinks import (
     HttpSinkConfig,
     JsonlSinkConfig,
     MqttSinkConfig,
+    RedisSinkConfig,
     SinkConfig,
     StdoutSinkConfig,
 )
@@ -52,6 +53,10 @@ def build_sink(cfg: SinkConfig) -> LineSink:
         from streamd.sinks.http import HttpSink
 
         return HttpSink(cfg)
+    if isinstance(cfg, RedisSinkConfig):
+        from streamd.sinks.redis import RedisSink  # the redis client is imported only when the sink is used
+
+        return RedisSink(cfg)
     raise TypeError(f"no sink for {type(cfg).__name__}")
 
 
