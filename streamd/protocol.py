@@ -65,16 +65,29 @@ class StreamCounters:
 
 COUNTER_NAMES = tuple(f.name for f in fields(StreamCounters))
 
+Crossings = dict[tuple[str, str, str], int]
+"""Line crossings of a stream per (line, class label, direction "in" | "out") (``streams[].lines``)."""
+
+
+def add_crossings(a: Mapping[tuple[str, str, str], int], b: Mapping[tuple[str, str, str], int]) -> Crossings:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
 
 @dataclass(frozen=True)
 class StreamTotals:
-    """What adds up over every process that carried a stream: its counters and latency histograms."""
+    """What adds up over every process that carried a stream: its counters, latency histograms and line
+    crossings."""
 
     counters: StreamCounters = StreamCounters()
     latency: Histograms = field(default_factory=dict)
+    crossings: Crossings = field(default_factory=dict)
 
     def __add__(self, other: StreamTotals) -> StreamTotals:
-        return StreamTotals(self.counters + other.counters, add_histograms(self.latency, other.latency))
+        return StreamTotals(
+            self.counters + other.counters,
+            add_histograms(self.latency, other.latency),
+            add_crossings(self.crossings, other.crossings),
+        )
 
 
 def fold(into: dict[str, StreamTotals], more: Mapping[str, StreamTotals]) -> dict[str, StreamTotals]:
@@ -99,10 +112,11 @@ class StreamReport:
     last_error: str = ""
     last_packet_age_s: float | None = None  # when the worker sent it
     nominal_fps: float = 0.0  # the source's own frame rate (0: unknown)
+    crossings: Crossings = field(default_factory=dict)  # streams[].lines, since this process took it
 
     @property
     def totals(self) -> StreamTotals:
-        return StreamTotals(self.counters, self.latency)
+        return StreamTotals(self.counters, self.latency, self.crossings)
 
 
 @dataclass(frozen=True)

@@ -111,14 +111,18 @@ class LineSet:
 
 class LineCrossings:
     """Per track, per line: the anchor's last position, the side it settled on (+1 left, -1 right, 0 not yet)
-    and whether it crossed the segment since; ``counts`` per (line, class_id, direction)."""
+    and whether it crossed the segment since; ``counts`` per (line, class label, direction), added into the
+    dict given (one the caller keeps across a stream's incarnations, so its counters never go back)."""
 
-    def __init__(self, lines: LineSet) -> None:
+    def __init__(
+        self, lines: LineSet, names: Sequence[str] = (), counts: dict[tuple[str, str, str], int] | None = None
+    ) -> None:
         self.lines = lines
+        self.names = tuple(names)
         self.prev: dict[int, np.ndarray] = {}  # (k, 2)
         self.side: dict[int, np.ndarray] = {}  # (k,) int8
         self.crossed: dict[int, np.ndarray] = {}  # (k,) bool
-        self.counts: dict[tuple[str, int, str], int] = {}
+        self.counts: dict[tuple[str, str, str], int] = {} if counts is None else counts
 
     def update(self, track_id: np.ndarray, class_id: np.ndarray, xyxy: np.ndarray) -> list[LineEvent]:
         """Tracked detections of one frame (rows with track_id >= 0 are read) -> the crossings they settle."""
@@ -145,7 +149,8 @@ class LineCrossings:
         for i, tid in enumerate(ids):
             self.prev[tid], self.side[tid], self.crossed[tid] = q[i], now[i], crossed[i]
         for e in events:
-            key = (e.line, e.class_id, e.direction)
+            label = self.names[e.class_id] if 0 <= e.class_id < len(self.names) else str(e.class_id)
+            key = (e.line, label, e.direction)
             self.counts[key] = self.counts.get(key, 0) + 1
         return events
 

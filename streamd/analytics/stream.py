@@ -67,8 +67,11 @@ def _keep(det: Detections, rows: Any) -> Detections:
 class StreamAnalytics:
     """Detection rate, zones, tracking and zone events of one stream (see the module docstring)."""
 
-    def __init__(self, stream: Any, names: Sequence[str]) -> None:
-        """``stream``: a ``streamd.config.StreamConfig``; ``names``: model.class_names."""
+    def __init__(
+        self, stream: Any, names: Sequence[str], crossings: dict[tuple[str, str, str], int] | None = None
+    ) -> None:
+        """``stream``: a ``streamd.config.StreamConfig``; ``names``: model.class_names; ``crossings``: the
+        dict the line counters add into (the caller's, kept across reloads of the stream; default: new)."""
         self.stream_id: str = stream.id
         self.names = tuple(names)
         self.lock = threading.RLock()
@@ -83,7 +86,11 @@ class StreamAnalytics:
             else None
         )
         lines = getattr(stream, "lines", ())
-        self.crossings = LineCrossings(LineSet(lines)) if lines and self.tracker is not None else None
+        self.crossings = (
+            LineCrossings(LineSet(lines), self.names, crossings)
+            if lines and self.tracker is not None
+            else None
+        )
         self.fill_skipped = self.tracker is not None and tracking.fill_skipped and self.rate is not None
         self.skipped = 0
         self.detected = 0
@@ -103,9 +110,7 @@ class StreamAnalytics:
         if self.crossings is None:
             return {}
         with self.lock:
-            counts = list(self.crossings.counts.items())
-        names = self.names
-        return {(line, names[c] if 0 <= c < len(names) else str(c), d): n for (line, c, d), n in counts}
+            return dict(self.crossings.counts)
 
     # -- ingest thread ---------------------------------------------------------------------------------------
     def should_detect(self, frame: Frame) -> bool:

@@ -24,6 +24,7 @@ The snapshot dict (every key optional except ``per_stream``)::
         decoded, inferred, skipped, dropped, decode_errors, read_errors, reconnects, stalls: int (counters)
         fps: float                     results per second, recent
         latency: LatencyHistograms.to_dict()   per-stage latency histograms (since the worker started)
+        crossings: {line: {class label: {"in" | "out": int}}}   streams[].lines counters (absent: none yet)
     }}
     sinks: {name: dropped}  or  sink_stats: {name: LineSink.stats()}   (queue depth = stats' ``queued``)
     batches: {worker: {batches: int, frames: int, size: int}}         batch fill = frames / (batches * size)
@@ -311,6 +312,17 @@ class SnapshotCollector:
                     cumulative.append((bound, running))
                 latency.add_metric([*key(sid, s), stage], cumulative, h["sum"] / 1000)
         yield latency
+        crossings = CounterMetricFamily(
+            "streamd_line_crossings",
+            "Tracks that crossed a line (streams[].lines), per class and direction (in: onto its in_side).",
+            labels=[*labels, "line", "class", "direction"],
+        )
+        for sid, s in per_stream.items():
+            for line, by_class in s.get("crossings", {}).items():
+                for label, by_direction in by_class.items():
+                    for direction, n in by_direction.items():
+                        crossings.add_metric([*key(sid, s), line, label, direction], n)
+        yield crossings
         yield from _sink_families(snap)
         yield from _worker_families(snap)
 

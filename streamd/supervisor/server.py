@@ -149,6 +149,7 @@ class MetricsServer:
                     if total and total["count"]
                     else None,
                     "worker": s.get("worker"),
+                    "crossings": s.get("crossings", {}),  # streams[].lines: {line: {class: {direction: n}}}
                 }
             )
         _ok, info = health(snap, self.stream_down)

@@ -124,6 +124,8 @@ def _stream(
         }
     s.update(totals.counters.as_dict())
     s["latency"] = histograms_to_dict(totals.latency)
+    for (line, label, direction), n in sorted(totals.crossings.items()):  # {line: {class: {direction: n}}}
+        s.setdefault("crossings", {}).setdefault(line, {}).setdefault(label, {})[direction] = n
     reported = report.state if report is not None else None
     if w.gave_up:
         s["state"] = "failed"

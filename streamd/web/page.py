@@ -1,9 +1,9 @@
 """The status page: plain HTML and a few lines of JS, no build step, no CDN (the box may be offline).
 
 It polls ``/api/status`` every second for the table (per stream: state, health and why it is down, the age
-of its last packet, marked STALE past the threshold, and its last error) and reloads each stream's snapshot
-every two seconds (the server encodes at most a few JPEGs per stream per second, however many pages are
-open)."""
+of its last packet, marked STALE past the threshold, its line counters and its last error) and reloads each
+stream's snapshot every two seconds (the server encodes at most a few JPEGs per stream per second, however
+many pages are open)."""
 
 STATUS_PAGE = """<!doctype html>
 <html lang="en">
@@ -18,6 +18,7 @@ STATUS_PAGE = """<!doctype html>
   .running { color: #080; } .reconnecting, .no_decoder { color: #b60; }
   .stalled, .failed, .down, .unresponsive, .restarting, .stale { color: #c00; font-weight: bold; }
   .ok { color: #080; } .starting { color: #666; } td.error { text-align: left; max-width: 40em; }
+  td.lines { text-align: left; }
   #summary.degraded { color: #b60; } #summary.unhealthy { color: #c00; font-weight: bold; }
   .frames { display: flex; flex-wrap: wrap; gap: 12px; }
   figure { margin: 0; } figcaption { font-weight: bold; } img { max-width: 480px; border: 1px solid #ccc; }
@@ -28,12 +29,22 @@ STATUS_PAGE = """<!doctype html>
 <p id="summary">loading…</p>
 <table id="streams">
   <thead><tr><th>stream</th><th>state</th><th>health</th><th>last packet</th><th>fps</th><th>decoded</th>
-  <th>dropped</th><th>latency ms</th><th>reconnects</th><th>worker</th><th>last error</th></tr></thead>
+  <th>dropped</th><th>latency ms</th><th>reconnects</th><th>worker</th><th>lines (in / out)</th>
+  <th>last error</th></tr></thead>
   <tbody></tbody>
 </table>
 <div class="frames" id="frames"></div>
 <script>
 "use strict";
+function crossings(c) {  // {line: {class: {in: n, out: n}}} -> "street person 3 / 5; ..."
+  const rows = [];
+  for (const [line, byClass] of Object.entries(c || {})) {
+    for (const [label, n] of Object.entries(byClass)) {
+      rows.push(line + " " + label + " " + (n.in || 0) + " / " + (n.out || 0));
+    }
+  }
+  return rows.length ? rows.join("; ") : null;
+}
 function cell(row, text, cls) {
   const td = row.insertCell(); td.textContent = text === null || text === undefined ? "–" : text;
   if (cls) td.className = cls;
@@ -61,6 +72,7 @@ async function refresh() {
       cell(row, age, r.stale ? "age stale" : "age");
       cell(row, r.fps); cell(row, r.decoded);
       cell(row, r.dropped); cell(row, r.latency_ms); cell(row, r.reconnects); cell(row, r.worker);
+      cell(row, crossings(r.crossings), "lines");
       cell(row, r.last_error, "error");
       if (!document.getElementById("frame-" + r.id)) {
         const fig = document.createElement("figure");

@@ -27,7 +27,7 @@ from streamd.ingest.reader import StreamReader
 from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher, StreamQueue
 from streamd.pipeline.scheduler import Scheduler
-from streamd.protocol import Record, Resume, StreamCounters, StreamReport, WorkerStats
+from streamd.protocol import Crossings, Record, Resume, StreamCounters, StreamReport, WorkerStats
 from streamd.stages.contract import Stages
 from streamd.stages.cpu import CpuStages
 from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, layout_note, resolve_layout
@@ -165,6 +165,7 @@ class Pipeline:
         # Counters of stream incarnations a reload replaced or removed (per stream id): a stream's counters
         # never go back, whichever StreamReader carries it.
         self._carried: dict[str, StreamCounters] = {}
+        self._crossings: dict[str, Crossings] = {}  # line counters per stream id, every incarnation's
         self._queues: dict[StreamReader, StreamQueue] = {}  # each stream thread's queue in the batcher
         self._edit_lock = threading.Lock()  # one reconfiguration at a time; start() waits for it
 
@@ -211,7 +212,7 @@ class Pipeline:
         )
         self._queues[worker] = q
         # detect_fps, zones, tracking, events; none where the stream uses none of them
-        hook = StreamAnalytics(sc, cfg.model.class_names)
+        hook = StreamAnalytics(sc, cfg.model.class_names, self._crossings.setdefault(sc.id, {}))
         if hook.active:
             self.analytics[sc.id] = hook
             worker.analytics = hook  # detect_fps skips; predicted lines of skipped frames
@@ -399,12 +400,14 @@ class Pipeline:
                 last_error=s.last_error,
                 last_packet_age_s=s.last_packet_age_s,
                 nominal_fps=w.nominal_fps,
+                crossings=dict(self._crossings.get(sid, {})),
             )
         for sid, carried in list(self._carried.items()):  # removed by a reload: its counts stay counted
             if sid not in per_stream:
                 latency = self.latency[sid]
                 inferred = dataclasses.replace(carried, inferred=latency.results)
-                per_stream[sid] = StreamReport("removed", inferred, latency.snapshot())
+                crossings = dict(self._crossings.get(sid, {}))
+                per_stream[sid] = StreamReport("removed", inferred, latency.snapshot(), crossings=crossings)
         sched = self.scheduler
         return WorkerStats(
             results=self.results,
