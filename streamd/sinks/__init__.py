@@ -79,6 +79,7 @@ class SinkSet:
         self.sinks = list(sinks)
         self.reload_warnings: list[str] = []  # the last reconfigure: new sinks that cannot deliver yet
         self.retired: list[LineSink] = []  # closed by a reload; their losses still count
+        self.taps: list[Callable[[str, str], None]] = []  # also see every line (outlive a reconfigure)
         self._on_all_gone = on_all_gone
         self._unique_names()
         for s in self.sinks:
@@ -112,6 +113,8 @@ class SinkSet:
     def submit(self, line: str, stream_id: str) -> None:
         for s in self.sinks:  # one read of the list: a reconfigure swaps it whole
             s.submit(line, stream_id)
+        for tap in self.taps:  # e.g. the control API's ring of recent events; must not block
+            tap(line, stream_id)
 
     def reconfigure(self, configs: Iterable[SinkConfig], timeout: float = 10.0) -> tuple[int, int]:
         """Reload: sinks whose config is unchanged keep running (no gap). New ones are opened first (a

@@ -29,12 +29,13 @@ import time
 from types import FrameType
 
 from streamd import logutil, systemd
-from streamd.config import Config
+from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.protocol import Abort
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 from streamd.supervisor import control, status
+from streamd.supervisor.api import ControlApi, control_api
 from streamd.supervisor.moves import StreamMoves
 from streamd.supervisor.pool import WorkerPool, WorkerSlot, plan_workers
 from streamd.supervisor.reload import plan_reload, reread
@@ -48,6 +49,9 @@ log = logging.getLogger("streamd.supervisor")
 class Supervisor:
     def __init__(self, config: Config, *, status_line: bool | None = None) -> None:
         self.status_line = sys.stderr.isatty() if status_line is None else status_line
+        # The control API (metrics.api); the streams its state file keeps join before the workers are planned.
+        self.api: ControlApi | None
+        self.api, config, self._api_error = control_api(config, self)
         self.stop = threading.Event()  # SIGINT/SIGTERM: stop reading, drain, exit
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
         # The worker processes: partition, start, restart, spare, stop (streamd.supervisor.pool).
@@ -140,6 +144,8 @@ class Supervisor:
         """Metrics port and sinks first (a taken port or an unwritable file fails before any model loads)."""
         cfg = self.config
         metrics = None
+        if self._api_error is not None:  # an unreadable token or state file
+            raise self._api_error
         if cfg.metrics.enabled:
             try:
                 metrics = MetricsServer(
@@ -150,6 +156,7 @@ class Supervisor:
                     status_page=cfg.metrics.status_page,
                     snapshots_per_s=cfg.metrics.snapshots_per_s,
                     stream_down=cfg.metrics.stream_down,
+                    api=self.api,
                 )
             except OSError as exc:
                 raise StartupError(
@@ -167,6 +174,8 @@ class Supervisor:
                 raise
             raise StartupError(f"sink: cannot open the output ({exc})", EX_CANTCREAT) from exc
         self.sink_set, self.sinks = sink_set, sink_set.sinks
+        if self.api is not None:
+            sink_set.taps.append(self.api.events.tap)
         if metrics is not None:
             metrics.start()
         return metrics
@@ -284,7 +293,7 @@ class Supervisor:
         """Returns (applied, one line saying what was applied or why the config was refused)."""
         running = self.config
         path = None if running.source == "<bundled demo>" else running.source
-        new, problems = reread(path, running)
+        new, problems = reread(path, running, self.api.overlay if self.api is not None else None)
         if new is None:
             log.error("reload refused (%d problem(s)); the running config stays:", len(problems))
             for problem in problems:
@@ -323,6 +332,21 @@ class Supervisor:
             message += f" ({what} changed: needs a restart, kept the running one)"
         return True, message
 
+    # -- the control API (streamd.supervisor.api) -----------------------------------------------------------
+    @property
+    def api_ready(self) -> bool:
+        return self.pool.announced and not self.stop.is_set()
+
+    def change_streams(self, streams: tuple[StreamConfig, ...]) -> str:
+        """Main loop: run ``streams`` from now on, with reload's rules (only the touched streams start or
+        stop); returns what was applied, one line."""
+        running = self.config
+        plan = plan_reload(running, dataclasses.replace(running, streams=streams))
+        self.config = dataclasses.replace(running, streams=streams)
+        self._moves.edit_streams(plan)
+        self._moves.advance()
+        return plan.describe()
+
     # -- status ----------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Counters for the status line, the summary and /metrics (plain values, no pipeline objects); a
@@ -347,6 +371,8 @@ class Supervisor:
         self._note_progress(now)
         self._ping_watchdog(now)
         self._reload_on_sighup()
+        if self.api is not None and self.pool.announced and not self.stop.is_set():
+            self.api.apply_pending()  # stream changes asked through the control API
         self._moves.advance()
         self._publish_health(now)
         self._report_status(now)

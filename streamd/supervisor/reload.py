@@ -10,7 +10,9 @@ the new engine beside the running one. What cannot change without a restart is l
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamd.config import Config, ConfigError, StreamConfig, load_config
 
@@ -78,11 +80,22 @@ def _tracking(config: Config) -> object:
     return getattr(config, "tracking", None)
 
 
-def reread(path: str | os.PathLike[str] | None, running: Config) -> tuple[Config | None, list[str]]:
+def reread(
+    path: str | os.PathLike[str] | None,
+    running: Config,
+    overlay: Mapping[str, dict[str, Any] | None] | None = None,
+    overlay_label: str = "the control API's changes",
+) -> tuple[Config | None, list[str]]:
     """Load the config again and check it as ``streamd check`` does (the model too, when it changed):
-    (new config, []) or (None, the problems, one line each, as ``streamd check`` prints them)."""
+    (new config, []) or (None, the problems, one line each, as ``streamd check`` prints them).
+    ``overlay``: the control API's stream changes, applied on top of the file's streams and checked
+    against the new config (``streamd.supervisor.api_state``: they win for the ids they name)."""
     try:
         new = load_config(path)
+        if overlay:
+            from streamd.supervisor.api_state import apply_overlay
+
+            new = apply_overlay(new, overlay, overlay_label)
     except ConfigError as exc:
         return None, list(exc.problems)
     if new.model != running.model:

@@ -1,6 +1,8 @@
-"""The one HTTP port (default 127.0.0.1:9108): ``/metrics``, ``/healthz``, the status page and its JSON, and
-per-stream JPEG snapshots; what they say is built in ``streamd.supervisor.metrics`` from the supervisor's
-snapshot, read at request time. One daemon thread per request."""
+"""The one HTTP port (default 127.0.0.1:9108): ``/metrics``, ``/healthz``, the status page and its JSON,
+per-stream JPEG snapshots, and the control API under ``/api/`` when enabled (``streamd.supervisor.api``);
+what they say is built in ``streamd.supervisor.metrics`` from the supervisor's snapshot, read at request
+time. One daemon thread per request; each connection's socket has a timeout, and a request body is read
+only when its Content-Length is within the API's bound."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from streamd.supervisor.metrics import (
@@ -27,6 +29,10 @@ log = logging.getLogger("streamd.supervisor.metrics")
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
+
+    from streamd.supervisor.api import ControlApi
+
+_API_ROUTES = ("/api/streams", "/api/events")  # /api/status stays the status page's (read-only, no token)
 
 
 class _RateLimitedSnapshots:
@@ -63,6 +69,7 @@ class MetricsServer:
         status_page: bool = True,
         snapshots_per_s: float = 2.0,
         stream_down: str = "degraded",
+        api: ControlApi | None = None,
     ) -> None:
         if stream_down not in STREAM_DOWN:
             raise ValueError(f"stream_down: expected one of {', '.join(STREAM_DOWN)}, got {stream_down!r}")
@@ -71,12 +78,31 @@ class MetricsServer:
         self._frames = _RateLimitedSnapshots(frame_snapshot, snapshots_per_s) if frame_snapshot else None
         self._registry: CollectorRegistry | None = None  # made on the first scrape
         self._status_page = status_page
+        self._api = api
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # A client that sends nothing (or half a request) holds its thread this long, at most.
+            timeout = api.cfg.timeout_s if api is not None else 30.0
+
             def do_GET(self) -> None:
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
-                    server._get(self)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):  # client left
+                    if server._is_api(self):
+                        server._api_request(self)
+                    else:
+                        server._get(self)
+
+            def do_POST(self) -> None:
+                self._change()
+
+            do_PUT = do_PATCH = do_DELETE = do_POST
+
+            def _change(self) -> None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+                    if server._is_api(self):
+                        server._api_request(self)
+                    else:
+                        server._reply(self, 405, b"only GET here\n", "text/plain")
 
             def log_message(self, *_args: object) -> None:  # keep request noise out of the daemon's log
                 pass
@@ -119,6 +145,52 @@ class MetricsServer:
                 self._reply(handler, 200, jpeg, "image/jpeg", cache=False)
         else:
             self._reply(handler, 404, b"not found: try /, /metrics or /healthz\n", "text/plain")
+
+    def _is_api(self, handler: BaseHTTPRequestHandler) -> bool:
+        path = handler.path.split("?", 1)[0]
+        return self._api is not None and any(path == r or path.startswith(r + "/") for r in _API_ROUTES)
+
+    def _api_request(self, handler: BaseHTTPRequestHandler) -> None:
+        """Read the body within the API's bound, hand the request to the API, write its JSON answer."""
+        api = self._api
+        assert api is not None
+        body: bytes | None = None
+        if handler.command in ("POST", "PUT", "PATCH"):
+            length = handler.headers.get("Content-Length")
+            if handler.headers.get("Transfer-Encoding") or length is None or not length.isdigit():
+                self._api_reply(handler, 411, {"error": "send the body with a Content-Length"}, close=True)
+                return
+            if int(length) > api.cfg.max_body_bytes:  # never read it: the connection closes after the answer
+                why = f"body of {length} bytes; at most {api.cfg.max_body_bytes} (metrics.api.max_body_bytes)"
+                self._api_reply(handler, 413, {"error": why}, close=True)
+                return
+            body = handler.rfile.read(int(length))
+            if len(body) < int(length):
+                return  # the client went away mid-body
+        peer = f"{handler.client_address[0]}:{handler.client_address[1]}"
+        reply = api.handle(handler.command, handler.path, handler.headers, body, peer)
+        self._api_reply(handler, reply.code, reply.body, reply.headers)
+
+    @staticmethod
+    def _api_reply(
+        handler: BaseHTTPRequestHandler,
+        code: int,
+        body: dict[str, Any],
+        headers: Any = None,
+        close: bool = False,
+    ) -> None:
+        data = (json.dumps(body) + "\n").encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("Cache-Control", "no-store")
+        for key, value in (headers or {}).items():
+            handler.send_header(key, value)
+        if close:
+            handler.send_header("Connection", "close")
+            handler.close_connection = True
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def health(self) -> tuple[bool, dict]:
         return health(self._snapshot(), self.stream_down)
