@@ -360,10 +360,13 @@ class RedisSink(LineSink):
         self._tried.set()
 
     def stats(self) -> dict:
-        """``queued`` includes the spooled lines; ``broken`` while the server cannot be reached."""
+        """``queued``: every line not yet acknowledged (queue, memory, spool); ``broken`` while the server
+        cannot be reached."""
+        inflight = self._inflight
+        in_flight = len(inflight) if inflight is not None and self._inflight_src == "mem" else 0
         return {
             **super().stats(),
-            "queued": self.queued + self.spool.pending,
+            "queued": self.queued + self._mem_lines + self.spool.pending + in_flight,
             "broken": self.broken or self._unreachable,
             "connected": self._connected,
             "reconnects": self.reconnects,

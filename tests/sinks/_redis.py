@@ -5,12 +5,14 @@ test reads back after an outage is what the sink really delivered."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,22 +21,23 @@ from tests.sinks._helpers import free_port
 
 
 class RedisServer:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *extra: str) -> None:
         self.port = free_port()
         self.folder = folder
+        self.extra = list(extra)  # more redis-server options, e.g. "--requirepass", "pw"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]
-        args += ["--logfile", str(self.folder / "redis.log")]
+        args += ["--logfile", str(self.folder / "redis.log"), *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):  # "-LOADING" while it reads its append-only file
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # "-LOADING": reading its AOF
                         return
             except OSError:
                 pass
@@ -48,10 +51,12 @@ class RedisServer:
             self.proc.wait(timeout=10)
         self.proc = None
 
-    def client(self):
+    def client(self, password: str | None = None):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, decode_responses=True)
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, password=password, socket_timeout=10, decode_responses=True
+        )
 
     def entries(self, key: str) -> list[dict]:
         """Every entry of a Redis Stream, oldest first: {"line": parsed JSON, "node": ...}."""
@@ -71,14 +76,15 @@ def keys_of(entries: list[dict]) -> Counter:
     return Counter((e["line"]["stream"], e["line"]["frame"]) for e in entries)
 
 
-@pytest.fixture
-def redis_server(tmp_path):
+@contextlib.contextmanager
+def running_redis(folder: Path) -> Iterator[RedisServer]:
+    """A started server in ``folder`` (the test module's ``redis_server`` fixture), killed at the end."""
     if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed (Debian package redis-server; .ci/system-packages installs it)")
-    pytest.importorskip("redis", reason="the redis client is in the dev extra: pip install -e '.[dev]'")
-    folder = tmp_path / "redis"
+        pytest.fail("redis-server is not installed (Debian redis-server; .ci/system-packages installs it)")
     folder.mkdir()
     server = RedisServer(folder)
     server.start()
-    yield server
-    server.kill()
+    try:
+        yield server
+    finally:
+        server.kill()
