@@ -30,7 +30,9 @@ from streamd.pipeline.scheduler import Scheduler
 from streamd.protocol import Crossings, Record, Resume, StreamCounters, StreamReport, WorkerStats
 from streamd.stages.contract import Stages
 from streamd.stages.cpu import CpuStages
-from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec, layout_note, resolve_layout
+from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec
+from streamd.stages.postprocess.head import HeadSettings
+from streamd.stages.postprocess.resolve import resolve_head
 from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
@@ -47,6 +49,7 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
     the GPU cannot be brought up."""
     from streamd.checks.verify import VerifyPlan, create_engine  # engines load heavy libraries: on use only
     from streamd.engines import EngineError, EngineOptions
+    from streamd.engines.base import parts_of
 
     m, e = config.model, config.engine
     device = e.device if device is None else device
@@ -64,19 +67,20 @@ def build_stages(config: Config, device: int | None = None) -> Stages:
                 EX_CONFIG,
             )
         try:
-            layout = resolve_layout(m.layout, engine.output_shape, len(m.class_names))
+            head = resolve_head(HeadSettings.from_model(m), parts_of(engine))
         except ValueError as exc:
             raise StartupError(str(exc), EX_CONFIG) from exc
-        log.info("%s", layout_note(m.layout, layout, engine.output_shape, len(m.class_names)))
+        log.info("%s", head.note)
         pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
         post = PostprocessSpec(
-            layout,
+            head.layout,
             len(m.class_names),
             m.score_threshold,
             m.iou_threshold,
             m.max_detections,
             m.top_k,
             thresholds=ClassThresholds.from_config(config),
+            head=head,
         )
         if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
             from streamd.stages.cuda import GpuStages
