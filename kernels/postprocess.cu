@@ -125,6 +125,120 @@ __device__ __forceinline__ void decode(const T* __restrict__ raw, int n, int num
     }
 }
 
+// A head described by HeadParams (streamd/stages/postprocess/head.py; the host mirror is
+// streamd/stages/postprocess/cuda.py's HeadParams): offsets and strides, in elements, into one image's row of
+// ``row`` values. The CPU twin (streamd/stages/postprocess/read.py) does the same float32 operations in the
+// same order.
+struct HeadParams {
+    int n;             // candidates
+    int row;           // values per image
+    int num_classes;   // C: width of the threshold table; class ids 0..C-1
+    int score_cols;    // columns scanned for the best class (C; 1 when a classes output gives the class)
+    int box_off, box_sa, box_sk;
+    int box_format;    // 0 cxcywh, 1 xyxy, 2 xywh (top-left + size), 3 yxyx
+    float scale[4];    // multiplier of each raw coordinate, before the conversion (normalised boxes)
+    int score_off, score_sa, score_sc;
+    int softmax_cols;  // columns in the softmax denominator (a trailing "no object" included)
+    int activation;    // 0 none, 1 sigmoid, 2 softmax
+    int obj_off, obj_sa;  // obj_off < 0: no objectness
+    int cls_off, cls_sa;  // cls_off < 0: the class is the best score column
+    int class_offset;  // subtracted from a classes output's ids
+    int count_off;     // < 0: no count output; else candidates >= count are empty
+    int levels;        // YOLOX grid levels (0: boxes are not on a grid)
+    int level_end[4];  // candidates up to the end of each level
+    int grid_w[4];
+    float stride[4];
+};
+
+template <typename T>
+__device__ __forceinline__ void decode_generic(const T* __restrict__ raw, const HeadParams& p, float threshold,
+                                               u64* __restrict__ keys, float4* __restrict__ boxes,
+                                               int* __restrict__ classes, int* __restrict__ counts,
+                                               const float* __restrict__ thresholds) {
+    const int b = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    bool take = false;
+    u64 key = 0;
+    float4 box = make_float4(0.f, 0.f, 0.f, 0.f);
+    int cls = 0;
+    if (i < p.n) {
+        const T* r = raw + static_cast<size_t>(b) * p.row;
+        const bool valid = p.count_off < 0 || i < static_cast<int>(load(r + p.count_off));
+        const T* bx = r + p.box_off + static_cast<size_t>(i) * p.box_sa;
+        float v0 = load(bx), v1 = load(bx + p.box_sk), v2 = load(bx + 2 * p.box_sk), v3 = load(bx + 3 * p.box_sk);
+        if (p.levels > 0) {
+            int l = 0;
+            while (l + 1 < p.levels && i >= p.level_end[l]) ++l;
+            const int cell = i - (l > 0 ? p.level_end[l - 1] : 0);
+            const float gx = static_cast<float>(cell % p.grid_w[l]), gy = static_cast<float>(cell / p.grid_w[l]);
+            const float st = p.stride[l];
+            v0 = __fmul_rn(__fadd_rn(v0, gx), st);
+            v1 = __fmul_rn(__fadd_rn(v1, gy), st);
+            v2 = __fmul_rn(expf(v2), st);
+            v3 = __fmul_rn(expf(v3), st);
+        }
+        v0 = __fmul_rn(v0, p.scale[0]);
+        v1 = __fmul_rn(v1, p.scale[1]);
+        v2 = __fmul_rn(v2, p.scale[2]);
+        v3 = __fmul_rn(v3, p.scale[3]);
+        if (p.box_format == 0) {
+            const float hw = __fmul_rn(v2, 0.5f), hh = __fmul_rn(v3, 0.5f);
+            box = make_float4(__fsub_rn(v0, hw), __fsub_rn(v1, hh), __fadd_rn(v0, hw), __fadd_rn(v1, hh));
+        } else if (p.box_format == 2) {
+            box = make_float4(v0, v1, __fadd_rn(v0, v2), __fadd_rn(v1, v3));
+        } else if (p.box_format == 3) {
+            box = make_float4(v1, v0, v3, v2);
+        } else {
+            box = make_float4(v0, v1, v2, v3);
+        }
+        const T* sc = r + p.score_off + static_cast<size_t>(i) * p.score_sa;
+        float best = load(sc);
+        if (p.cls_off >= 0) {
+            cls = static_cast<int>(load(r + p.cls_off + static_cast<size_t>(i) * p.cls_sa)) - p.class_offset;
+        } else {
+            for (int c = 1; c < p.score_cols; ++c) {
+                const float v = load(sc + static_cast<size_t>(c) * p.score_sc);
+                if (v > best) {
+                    best = v;
+                    cls = c;
+                }
+            }
+        }
+        float score = best;
+        if (p.activation == 1) {
+            score = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-best)));
+        } else if (p.activation == 2) {
+            float top = load(sc);
+            for (int c = 1; c < p.softmax_cols; ++c) top = fmaxf(top, load(sc + static_cast<size_t>(c) * p.score_sc));
+            float total = 0.0f;
+            for (int c = 0; c < p.softmax_cols; ++c)
+                total = __fadd_rn(total, expf(__fsub_rn(load(sc + static_cast<size_t>(c) * p.score_sc), top)));
+            score = __fdiv_rn(expf(__fsub_rn(best, top)), total);
+        }
+        if (p.obj_off >= 0) score = __fmul_rn(load(r + p.obj_off + static_cast<size_t>(i) * p.obj_sa), score);
+        float limit = threshold;
+        if (thresholds != nullptr && cls >= 0 && cls < p.num_classes)
+            limit = thresholds[static_cast<size_t>(b) * p.num_classes + cls];
+        if (valid && score > limit) {
+            take = true;
+            key = (static_cast<u64>(orderable(score)) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
+        }
+    }
+    const u32 ballot = __ballot_sync(kFull, take);
+    if (ballot == 0) return;
+    const int lane = threadIdx.x & 31;
+    const int leader = __ffs(ballot) - 1;
+    int base = 0;
+    if (lane == leader) base = atomicAdd(&counts[b], __popc(ballot));
+    base = __shfl_sync(kFull, base, leader);
+    if (take) {
+        const size_t at = static_cast<size_t>(b) * p.n;
+        keys[at + base + __popc(ballot & lanemask_lt(lane))] = key;
+        boxes[at + i] = box;
+        classes[at + i] = cls;
+    }
+}
+
 }  // namespace streamd_post
 
 using streamd_post::u32;
@@ -145,6 +259,18 @@ STREAMD_DECODE(decode_yolov5_f32, streamd_post::kYolov5, float)
 STREAMD_DECODE(decode_yolov5_f16, streamd_post::kYolov5, __half)
 STREAMD_DECODE(decode_end2end_f32, streamd_post::kEnd2end, float)
 STREAMD_DECODE(decode_end2end_f16, streamd_post::kEnd2end, __half)
+
+// decode_generic_<dtype>: any head (detr, yolox, several outputs), described by HeadParams.
+#define STREAMD_DECODE_GENERIC(NAME, T)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        NAME(const T* __restrict__ raw, streamd_post::HeadParams p, float threshold, u64* __restrict__ keys, \
+             float4* __restrict__ boxes, int* __restrict__ classes, int* __restrict__ counts,              \
+             const float* __restrict__ thresholds) {                                                       \
+        streamd_post::decode_generic<T>(raw, p, threshold, keys, boxes, classes, counts, thresholds);      \
+    }
+
+STREAMD_DECODE_GENERIC(decode_generic_f32, float)
+STREAMD_DECODE_GENERIC(decode_generic_f16, __half)
 
 #ifdef STREAMD_EMU
 #define STREAMD_DYNAMIC_SMEM(name) unsigned char* name = streamd_emu_dynamic_smem()

@@ -11,7 +11,7 @@ from streamd.checks.model import check_model
 from streamd.config import load_config
 from streamd.engines.base import EngineError
 from streamd.engines.onnx_tools import model_io
-from streamd.stages.postprocess.cpu import resolve_layout
+from streamd.stages.postprocess.resolve import resolve_layout
 from tests.conftest import CLIP, ROOT, run_streamd
 from tests.engines.tiny_models import make_outputs_model
 
@@ -47,8 +47,8 @@ REFUSED = {
     "multi": (
         {"boxes": [1, 10, 4], "scores": [1, 10]},
         "",
-        "model.path: multi-output models are not supported yet: outputs boxes [1, 10, 4], scores [1, 10]; "
-        "supported layouts: yolov8 [B, 4+C, N]",
+        "model.outputs: auto cannot tell which of the outputs boxes [1, 10, 4], scores [1, 10] holds what; "
+        "set model.outputs {boxes: NAME, scores: NAME, classes: NAME, count: NAME}",
     ),
 }
 
@@ -72,13 +72,12 @@ def test_ambiguous_or_unsupported_model_is_refused(tmp_path: Path, case: str) ->
     assert "Traceback" not in proc.stderr
 
 
-def test_engine_load_names_the_outputs_of_a_multi_output_model(tmp_path: Path) -> None:
+def test_model_io_lists_every_output_of_a_multi_output_model(tmp_path: Path) -> None:
     import onnx
 
     model = onnx.load(str(make_outputs_model(tmp_path / "m.onnx", {"boxes": [1, 10, 4], "scores": [1, 10]})))
-    with pytest.raises(EngineError, match=r"multi-output models are not supported yet: outputs boxes") as exc:
-        model_io(model, "m.onnx", (32, 32))
-    assert exc.value.code == 78
+    io = model_io(model, "m.onnx", (32, 32))
+    assert io.outputs == (("boxes", (1, 10, 4)), ("scores", (1, 10)))
 
 
 @pytest.mark.parametrize(

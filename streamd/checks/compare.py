@@ -3,10 +3,14 @@ detection-level agreement after the configured decode + NMS (the measures of ``s
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from streamd.engines.base import OutputPart
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,18 @@ def _align_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     return got[order]
 
 
+def _errors(
+    ref: np.ndarray, got: np.ndarray, tol: Tolerance, rows: np.ndarray | None
+) -> tuple[float, float, float]:
+    """(max abs, mean abs, scale) of one output; ``rows``: where the max is taken (end2end: rows above the
+    threshold), None = everywhere."""
+    diff = np.abs(ref - got)
+    diff = np.where(np.isnan(diff) & ~(np.isnan(ref) & np.isnan(got)), np.inf, np.nan_to_num(diff, nan=0.0))
+    scale = max(float(np.nanmax(np.abs(np.nan_to_num(ref, posinf=0, neginf=0)), initial=0.0)), 1e-6)
+    max_abs = float(diff.max(initial=0.0)) if rows is None else float(diff[rows].max(initial=0.0))
+    return max_abs, float(diff.mean()) if diff.size else 0.0, scale
+
+
 def compare(
     reference: np.ndarray,
     output: np.ndarray,
@@ -81,10 +97,14 @@ def compare(
     precision: str,
     output_name: str = "output",
     postprocess: Any = None,
+    parts: Sequence[OutputPart] = (),
 ) -> tuple[list[OutputError], dict[str, Any]]:
     """Compare an engine's output batch with the reference's; returns (per-output errors, detection
-    agreement dict with ``ref``, ``got``, ``matched``, ``worst_iou``) and sets ``passed`` on each."""
-    from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec, resolve_layout
+    agreement dict with ``ref``, ``got``, ``matched``, ``worst_iou``) and sets ``passed`` on each.
+
+    ``parts``: a packed several-output model's outputs (each compared on its own, by name);
+    ``postprocess``: a ``PostprocessSpec`` (its ``head``, or its layout resolved from the output's shape)."""
+    from streamd.stages.postprocess.cpu import CpuPostprocessor, head_for
 
     tol = TOLERANCES.get(precision, TOLERANCES["fp32"])
     ref = reference.astype(np.float64)
@@ -92,35 +112,32 @@ def compare(
     if ref.shape != got.shape:
         err = OutputError(output_name, float("inf"), float("inf"), 0.0, False)
         return [err], {"ref": 0, "got": 0, "matched": 0.0, "worst_iou": 0.0, "layout": None}
-    layout = None
-    spec = postprocess
+    spec, head = postprocess, None
     if spec is not None:
         try:
-            layout = resolve_layout(spec.layout, tuple(output.shape), spec.num_classes)
+            head = head_for(spec, tuple(output.shape))
         except ValueError:
-            spec, layout = None, None
-    if layout == "end2end":  # rows may swap on near-tied scores: compare each row with its closest twin
+            spec = None
+    end2end = head is not None and head.layout == "end2end" and len(parts) <= 1 and ref.ndim == 3
+    if end2end:  # rows may swap on near-tied scores: compare each row with its closest twin
         got = np.stack([_align_rows(r, g) for r, g in zip(ref, got, strict=True)])
-    diff = np.abs(ref - got)
-    diff = np.where(np.isnan(diff) & ~(np.isnan(ref) & np.isnan(got)), np.inf, np.nan_to_num(diff, nan=0.0))
-    scale = max(float(np.nanmax(np.abs(np.nan_to_num(ref, posinf=0, neginf=0)))), 1e-6)
-    max_abs, mean_abs = float(diff.max()), float(diff.mean())
-    if layout == "end2end" and spec is not None:  # max over the rows that can become detections
-        rows = ref[..., 4] > spec.score_threshold
-        max_abs = float(diff[rows].max()) if rows.any() else 0.0
-    passed = mean_abs <= tol.mean_rel * scale and max_abs <= tol.max_rel * scale
-    errors = [OutputError(output_name, max_abs, mean_abs, scale, passed)]
+    errors = []
+    if len(parts) > 1:
+        flat_ref, flat_got = ref.reshape(len(ref), -1), got.reshape(len(got), -1)
+        for p in parts:
+            span = slice(p.offset, p.offset + p.size)
+            max_abs, mean_abs, scale = _errors(flat_ref[:, span], flat_got[:, span], tol, None)
+            ok = mean_abs <= tol.mean_rel * scale and max_abs <= tol.max_rel * scale
+            errors.append(OutputError(p.name, max_abs, mean_abs, scale, ok))
+    else:
+        rows = ref[..., 4] > spec.score_threshold if end2end and spec is not None else None
+        max_abs, mean_abs, scale = _errors(ref, got, tol, rows)
+        ok = mean_abs <= tol.mean_rel * scale and max_abs <= tol.max_rel * scale
+        errors.append(OutputError(output_name, max_abs, mean_abs, scale, ok))
+    layout = head.layout if head is not None else None
     agreement: dict[str, Any] = {"ref": 0, "got": 0, "matched": 1.0, "worst_iou": 1.0, "layout": layout}
-    if spec is not None and layout is not None:
-        spec = PostprocessSpec(
-            layout,
-            spec.num_classes,
-            spec.score_threshold,
-            spec.iou_threshold,
-            spec.max_detections,
-            spec.top_k,
-        )
-        post = CpuPostprocessor(spec)
+    if spec is not None and head is not None:
+        post = CpuPostprocessor(dataclasses.replace(spec, layout=head.layout, head=head, thresholds=None))
         cut = spec.score_threshold + tol.margin
         n_ref = n_got = hit_ref = hit_got = 0
         ious: list[float] = []
@@ -132,7 +149,3 @@ def compare(
         rate = min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0)
         agreement.update(ref=n_ref, got=n_got, matched=rate, worst_iou=min(ious, default=1.0))
     return errors, agreement
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The check

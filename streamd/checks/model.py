@@ -6,7 +6,7 @@ graph — no engine is built, nothing runs — and compares its input, batch and
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +62,10 @@ def _open(path: Path, problems: Problems) -> Any | None:
 
 def _compare(model: Any, config: Config, problems: Problems, report: ModelReport) -> None:
     from streamd.engines.base import EngineError
-    from streamd.engines.onnx_tools import _dims, fix_input_size
-    from streamd.stages.postprocess.cpu import resolve_layout, unsupported_model
+    from streamd.engines.onnx_tools import fix_input_size
 
     m, e = config.model, config.engine
     name = m.path.name
-    if len(model.graph.output) > 1:  # no layout reads several outputs yet: say what they are
-        outputs = [(o.name, _dims(o)) for o in model.graph.output]
-        problems.add(
-            "model.path", str(unsupported_model(outputs, len(m.class_names))).removeprefix("model.path: ")
-        )
-        return
     try:
         size = (int(m.input_size[0]), int(m.input_size[1]))
         pinned, io, _ = fix_input_size(model, name, size, log_level=logging.DEBUG)  # a note says it
@@ -80,9 +73,12 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
         problems.add("model.path", str(exc).removeprefix("model.path: "))
         return
     c, h, w = io.chw
-    out = _output_dims(pinned, io.output_shape)  # a dynamic H/W at model.input_size: N is known then
     declared = _declared_input(model, io)
-    report.summary = f"model {name}: input {_text(declared)}, output {_text(out)}"
+    if len(io.outputs) == 1:  # a dynamic H/W at model.input_size: N is known then
+        outputs = f"output {_text(_output_dims(pinned, io.output_shape))}"
+    else:
+        outputs = "outputs " + ", ".join(f"{n} {_text(d)}" for n, d in io.outputs)
+    report.summary = f"model {name}: input {_text(declared)}, {outputs}"
     if c != 3:
         problems.add("model.path", f"{name} takes {c} input channels; streamd feeds 3 (RGB or BGR)")
     if io.dynamic_hw:
@@ -104,37 +100,58 @@ def _compare(model: Any, config: Config, problems: Problems, report: ModelReport
             f"{name} fixes its batch at 1: unless it proves batch-dynamic when the engine loads, batches "
             f"of up to engine.max_batch {e.max_batch} run image by image (a dynamic-batch export is faster)"
         )
-    if len(out) != 3:
-        problems.add(
-            "model.path",
-            f"{name} has output {list(out)}; streamd reads a 3-D output [B, ., .] "
-            "(yolov8 [B, 4+C, N], yolov5 [B, N, 5+C] or end2end [B, K, 6])",
-        )
-    elif all(isinstance(d, int) and d > 0 for d in out[1:]):
-        shape = (1, int(out[1]), int(out[2]))
-        try:
-            layout = resolve_layout(m.layout, shape, len(m.class_names), io.output_name)
-        except ValueError as exc:
-            key = "model.path" if str(exc).startswith("model.path: ") else "model.layout"
-            problems.add(key, str(exc).removeprefix(f"{key}: "))
-        else:
-            report.notes.append(_layout_note(config, layout, out, io.output_name))
-    elif refused := unsupported_model([(io.output_name, out)], len(m.class_names)):
-        problems.add("model.path", refused.removeprefix("model.path: "))
-    else:
-        report.notes.append(f"{name}: output shape {list(out)} is only known when run; layout checked then")
+    _head(config, pinned, io, problems, report)
 
 
-def _layout_note(config: Config, layout: str, out: tuple[int | str, ...], output_name: str) -> str:
-    """The layout in use, where it came from and its evidence (``layout_note``), plus ``model.classes``."""
-    from streamd.config.model import defaults_from_metadata
-    from streamd.stages.postprocess.cpu import layout_note
+def _head(config: Config, pinned: Any, io: Any, problems: Problems, report: ModelReport) -> None:
+    """Which head (layout) the outputs have: a note naming it and its evidence, or the problem."""
+    from streamd.engines.base import EngineError
+    from streamd.engines.onnx_outputs import per_image_shapes
+    from streamd.stages.postprocess.head import HeadSettings, pack_parts
+    from streamd.stages.postprocess.resolve import resolve_head, unsupported_model
 
     m = config.model
-    source = ""
+    name = m.path.name
+    if len(io.outputs) == 1:
+        out = _output_dims(pinned, io.output_shape)  # a dynamic H/W at model.input_size: N is known then
+        if not all(isinstance(d, int) and d > 0 for d in out[1:]):
+            if refused := unsupported_model([(io.output_name, out)], len(m.class_names)):
+                problems.add("model.path", refused.removeprefix("model.path: "))
+            else:
+                report.notes.append(
+                    f"{name}: output shape {list(out)} is only known when run; layout checked then"
+                )
+            return
+        shapes = [(io.output_name, tuple(int(d) for d in out[1:]), out)]
+    else:
+        try:
+            shapes = per_image_shapes(pinned)
+        except EngineError as exc:
+            problems.add("model.path", str(exc).removeprefix("model.path: "))
+            return
+        except Exception as exc:  # e.g. external weights not loaded here: the engine resolves it at start
+            report.notes.append(f"{name}: output shapes are only known when run ({_first_line(exc)})")
+            return
+    parts = pack_parts([(n, shape) for n, shape, _ in shapes])
+    parts = tuple(replace(p, dims=dims) for p, (_, _, dims) in zip(parts, shapes, strict=True))
+    try:
+        head = resolve_head(HeadSettings.from_model(m), parts)
+    except ValueError as exc:
+        text = str(exc)
+        key = text.split(":", 1)[0] if text.startswith("model.") else "model.layout"
+        problems.add(key.split(" ")[0], text.removeprefix(f"{key}: "))
+        return
+    report.notes.append(_layout_note(config, head.layout, head.note))
+
+
+def _layout_note(config: Config, layout: str, note: str) -> str:
+    """The head's note with where a set layout came from, plus ``model.classes``."""
+    from streamd.config.model import defaults_from_metadata
+
+    m = config.model
     if m.layout != "auto" and "model.layout" not in config.lines:
         source = "the model's metadata" if "layout" in defaults_from_metadata(m.path) else "the default"
-    note = layout_note(m.layout, layout, out, len(m.class_names), output_name, source)
+        note = note.replace(f"model.layout {layout}:", f"model.layout {layout} (from {source}):", 1)
     if m.classes is not None:
         note += f"; model.classes keeps {len(m.classes)} of them"
     return note

@@ -41,8 +41,9 @@ import numpy as np
 from streamd.checks.compare import TOLERANCES, OutputError, compare
 from streamd.checks.compare import Tolerance as Tolerance  # re-exported: tests and benches read them here
 from streamd.checks.compare import match_detections as match_detections
-from streamd.engines.base import EngineError, VerificationError, run_padded
+from streamd.engines.base import EngineError, VerificationError, parts_of, run_padded
 from streamd.engines.options import EngineOptions, Machine
+from streamd.stages.postprocess.resolve import resolve_head
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,13 @@ class VerifyPlan:
     preprocess: Any = None  # PreprocessSpec | None
     postprocess: Any = None  # PostprocessSpec | None (layout resolved, or "auto")
     model_name: str = ""
+    head: Any = None  # HeadSettings | None: read the engine's outputs as the pipeline will
 
     @staticmethod
     def from_config(config: Any) -> VerifyPlan:
         """From a loaded ``streamd.config.Config`` (``engine.verify`` and the ``model:`` section)."""
         from streamd.stages.postprocess.cpu import PostprocessSpec
+        from streamd.stages.postprocess.head import HeadSettings
         from streamd.stages.preprocess.cpu import PreprocessSpec
 
         m = config.model
@@ -75,13 +78,17 @@ class VerifyPlan:
         post = PostprocessSpec(
             m.layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k
         )
-        return VerifyPlan(bool(getattr(config.engine, "verify", True)), pre, post, Path(m.path).name)
+        settings = HeadSettings.from_model(m)
+        return VerifyPlan(
+            bool(getattr(config.engine, "verify", True)), pre, post, Path(m.path).name, settings
+        )
 
     def key(self) -> dict[str, Any]:
         def spec(s: Any) -> Any:
             return None if s is None else {k: getattr(s, k) for k in s.__slots__}
 
-        return {"preprocess": spec(self.preprocess), "postprocess": spec(self.postprocess)}
+        head = None if self.head is None else asdict(self.head)
+        return {"preprocess": spec(self.preprocess), "postprocess": spec(self.postprocess), "head": head}
 
 
 @dataclass
@@ -167,11 +174,16 @@ def _reference_outputs(model_path: Path, batch: np.ndarray) -> tuple[str, np.nda
     except Exception as exc:  # ORT raises several types for a bad model
         raise EngineError(f"engine verification: ONNX Runtime cannot load {model_path}: {exc}") from exc
     first = session.get_inputs()[0]
-    name, out = first.name, session.get_outputs()[0].name
+    outputs = [o.name for o in session.get_outputs()]
+    name, out = first.name, outputs[0]
     fixed = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 1 else 1
 
     def run(rows: np.ndarray) -> np.ndarray:
-        return np.asarray(session.run([out], {name: rows})[0])
+        if len(outputs) == 1:
+            return np.asarray(session.run([out], {name: rows})[0])
+        # several outputs: packed per image in graph order, as the engines run them (onnx_outputs)
+        got = session.run(outputs, {name: rows})
+        return np.concatenate([np.asarray(y).reshape(len(rows), -1).astype(np.float32) for y in got], axis=1)
 
     return out, np.concatenate([run_padded(run, batch[i : i + 1], fixed) for i in range(len(batch))])
 
@@ -259,8 +271,16 @@ def run_check(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) -
     batch = make_inputs(tuple(engine.input_shape), plan.preprocess)
     out_name, reference = _reference_outputs(model_path, batch)
     output = _engine_outputs(engine, batch)
+    parts = parts_of(engine)
+    spec = plan.postprocess
+    if spec is not None and plan.head is not None:
+        try:
+            head = resolve_head(plan.head, parts)
+        except ValueError:
+            head = None  # the pipeline refuses the model with the reason; here: numbers only
+        spec = dataclasses.replace(spec, head=head, layout=head.layout) if head is not None else None
     errors, agreement = compare(
-        reference, output, precision=precision, output_name=out_name, postprocess=plan.postprocess
+        reference, output, precision=precision, output_name=out_name, postprocess=spec, parts=parts
     )
     cost = (time.perf_counter() - t0) * 1e3
     v = Verification(

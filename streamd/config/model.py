@@ -56,11 +56,35 @@ class ModelConfig:
         "letterbox", "letterbox = keep the aspect ratio and pad with pad_value; stretch = scale to input_size"
     )
     pad_value: int = opt(114, "grey level of the letterbox padding", ge=0, le=255)
-    layout: Literal["auto", "yolov8", "yolov5", "end2end"] = opt(
+    layout: Literal["auto", "yolov8", "yolov5", "end2end", "detr", "yolox", "outputs"] = opt(
         "auto",
-        "output tensor layout (yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6]); auto = pick from "
-        "the output shape and the number of class names, noted by check and logged at start; a shape that "
-        "fits several layouts (or is square, [B, n, n]) must be set here",
+        "how to read the outputs: yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6] (NMS in the "
+        "model), detr [B, N, 4+C] or boxes + logits (RT-DETR, RF-DETR, DETR), yolox [B, N, 5+C] raw (grid "
+        "decode at model.strides), outputs (several outputs named in model.outputs: SSD, TF Object Detection "
+        "API, torchvision); auto = pick from the outputs' shapes, names and the number of class names, noted "
+        "by check and logged at start; a model that fits several layouts must set it",
+    )
+    outputs: tuple[tuple[str, str], ...] = opt(
+        (),
+        "several-output models: which output holds what, {boxes: NAME, scores: NAME, classes: NAME, count: "
+        "NAME} (classes and count only if the model has them: then no NMS is run); stored as (role, name)",
+    )
+    strides: tuple[int, ...] = opt((8, 16, 32), "yolox: the grid strides, one per output level, in order")
+    box_format: Literal["auto", "cxcywh", "xyxy", "xywh", "yxyx"] = opt(
+        "auto",
+        "detr/outputs: box coordinates (xywh = top-left corner + size; yxyx = TF's ymin, xmin, ymax, xmax); "
+        "auto: cxcywh for detr, what a known export's names say for outputs",
+    )
+    box_units: Literal["auto", "pixels", "normalized"] = opt(
+        "auto", "detr/outputs: boxes in input pixels or normalised to 0..1; auto: normalized for detr"
+    )
+    score_activation: Literal["auto", "none", "sigmoid", "softmax"] = opt(
+        "auto",
+        "detr/outputs: scores as given (none), or logits through sigmoid or softmax (a trailing 'no object' "
+        "column counts in softmax); auto: sigmoid for a logits output, softmax with the extra column",
+    )
+    class_offset: int | None = opt(
+        None, "outputs with a classes output: subtracted from each class id (auto: 1 for TF OD API names)"
     )
     class_names: tuple[str, ...] = opt(
         COCO_NAMES,
@@ -170,6 +194,60 @@ def _resolve_model_classes(given: dict, problems: Problems) -> None:
         given["class_thresholds"] = tuple(sorted(pairs.items()))
 
 
+OUTPUT_ROLES = ("boxes", "scores", "classes", "count")
+
+
+def _outputs_mapping(value: object, path: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not value:
+        raise Invalid(
+            "expected a mapping of role -> output name, e.g. {boxes: detection_boxes, scores: "
+            f"detection_scores}}, got {describe(value)}",
+            path,
+        )
+    out = []
+    for role, name in value.items():
+        if role not in OUTPUT_ROLES:
+            raise Invalid(
+                f"unknown role {role!r}; expected {', '.join(OUTPUT_ROLES)}"
+                + suggest(str(role), OUTPUT_ROLES),
+                f"{path}.{role}",
+            )
+        if not isinstance(name, str) or not name.strip():
+            raise Invalid(
+                f"expected the name of one of the model's outputs, got {describe(name)}", f"{path}.{role}"
+            )
+        out.append((role, name.strip()))
+    missing = [r for r in ("boxes", "scores") if r not in value]
+    if missing:
+        raise Invalid(
+            f"{' and '.join(missing)} missing: name the outputs holding the boxes and the scores", path
+        )
+    return tuple(out)
+
+
+def _strides(value: object, path: str) -> tuple[int, ...]:
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= 4
+        or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v in (4, 8, 16, 32, 64, 128) for v in value
+        )
+        or value != sorted(set(value))
+    ):
+        raise Invalid(
+            "expected 1 to 4 increasing strides from 4, 8, 16, 32, 64, 128 (YOLOX: [8, 16, 32]), "
+            f"got {describe(value)}",
+            path,
+        )
+    return tuple(value)
+
+
+def _class_offset(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= 1000:
+        raise Invalid(f"expected an integer between -1 and 1000 (TF OD API: 1), got {describe(value)}", path)
+    return value
+
+
 def check_class_names(value: object, path: str, base_dir: Path) -> tuple[str, ...]:
     if value == "coco":
         return COCO_NAMES
@@ -229,6 +307,9 @@ def parse_model(raw: object, problems: Problems, base_dir: Path, model_file: boo
             "class_names": lambda v, p: check_class_names(v, p, base_dir),
             "classes": class_list,
             "class_thresholds": _thresholds_mapping,
+            "outputs": _outputs_mapping,
+            "strides": _strides,
+            "class_offset": _class_offset,
         },
     )
     if given is None:
@@ -262,7 +343,7 @@ def defaults_from_metadata(model: Path) -> dict[str, object]:
     found: dict[str, object] = {}
     if meta.get("channel_order") in ("rgb", "bgr"):
         found["channel_order"] = meta["channel_order"]
-    if meta.get("layout") in ("yolov8", "yolov5", "end2end"):
+    if meta.get("layout") in ("yolov8", "yolov5", "end2end", "detr", "yolox"):
         found["layout"] = meta["layout"]
     for key in ("mean", "std"):
         triple = _literal(meta.get(key))

@@ -26,6 +26,7 @@ Backends are chosen, loaded and checked by ``streamd.engines.registry.create_eng
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,6 +37,37 @@ if TYPE_CHECKING:
     from streamd.gpu.cuda import Stream
 
 PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass(frozen=True)
+class OutputPart:
+    """One model output: its name, per-image shape (no batch axis) and where it starts in an image's row.
+
+    A model with several outputs runs as one whose single output [B, R] packs them per image: each output
+    flattened, cast to float32, at ``offset`` (graph order; ``onnx_tools.pack_outputs``); the engine lists
+    them in ``output_parts``."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int = 0
+    dims: tuple[int | str, ...] | None = field(default=None, compare=False)  # as the file writes them
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def label(self) -> str:
+        """``output NAME [dims]`` for notes (the file's own dims where known: ``[batch, 84, 3549]``)."""
+        dims = self.dims or ("B", *self.shape)
+        text = "[" + ", ".join(str(d) for d in dims) + "]"
+        return f"output {text}" if self.name == "output" else f"output {self.name} {text}"
+
+
+def parts_of(engine: Engine) -> tuple[OutputPart, ...]:
+    """The engine's outputs: ``output_parts`` of a packed several-output model, else its one output."""
+    parts = getattr(engine, "output_parts", ())
+    return tuple(parts) or (OutputPart("output", tuple(int(d) for d in engine.output_shape[1:])),)
 
 
 class EngineError(StartupError, RuntimeError):

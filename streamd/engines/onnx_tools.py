@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streamd.engines.base import EngineError
+from streamd.engines.base import EngineError, OutputPart
 from streamd.exitcodes import EX_CONFIG
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,11 @@ class ModelIO:
     input_name: str
     input_shape: tuple[int | str, ...]
     input_elem_type: int
-    output_name: str
+    output_name: str  # the first output (the only one once ``onnx_outputs.pack_outputs`` ran)
     output_shape: tuple[int | str, ...]
     dynamic_hw: tuple[str, ...] = ()
+    outputs: tuple[tuple[str, tuple[int | str, ...]], ...] = ()  # every output: (name, dims), graph order
+    parts: tuple[OutputPart, ...] = ()  # a packed model's outputs (``onnx_outputs``); () for one output
 
     @property
     def batch(self) -> int | None:
@@ -87,7 +89,7 @@ def _fixed(dim: int | str) -> bool:
 
 
 def model_io(model: Any, source: object = "model", input_size: tuple[int, int] | None = None) -> ModelIO:
-    """Check the detector contract (one input [B, C, H, W] with a fixed C; one output) and describe it.
+    """Check the detector contract (one input [B, C, H, W] with a fixed C; outputs) and describe it.
 
     A dynamic H or W (symbolic, -1 or 0: e.g. Ultralytics' ``dynamic=True`` export, ``[batch, 3, height,
     width]``) takes its value from ``input_size`` ((width, height): ``model.input_size``); without one it is
@@ -96,17 +98,10 @@ def model_io(model: Any, source: object = "model", input_size: tuple[int, int] |
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in initializers]
-    if len(inputs) == 1 and len(graph.output) > 1:  # streamd check says more (segmentation: which output)
-        listed = ", ".join(f"{o.name} [{', '.join(map(str, _dims(o)))}]" for o in graph.output)
+    if len(inputs) != 1 or not graph.output:
         raise EngineError(
-            f"model.path: multi-output models are not supported yet: outputs {listed} ({source}); supported "
-            "layouts: yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6], each one output",
-            EX_CONFIG,
-        )
-    if len(inputs) != 1 or len(graph.output) != 1:
-        raise EngineError(
-            f"model.path: expected a model with one input and one output, got {len(inputs)} inputs and "
-            f"{len(graph.output)} outputs ({source})",
+            f"model.path: expected a model with one input and at least one output, got {len(inputs)} inputs "
+            f"and {len(graph.output)} outputs ({source})",
             EX_CONFIG,
         )
     shape = _dims(inputs[0])
@@ -136,6 +131,7 @@ def model_io(model: Any, source: object = "model", input_size: tuple[int, int] |
         graph.output[0].name,
         _dims(graph.output[0]),
         dynamic,
+        tuple((o.name, _dims(o)) for o in graph.output),
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
+from streamd.engines.onnx_outputs import prepare_io
 from streamd.engines.options import EngineOptions
 from streamd.exitcodes import EX_CONFIG
 
@@ -52,13 +53,14 @@ class OnnxRuntimeEngine:
 
         self._ort = ort
         model = onnx_tools.load(model_path)
-        model, io, _ = onnx_tools.fix_input_size(model, model_path, options.input_size)
+        model, io, _ = prepare_io(model, model_path, options.input_size)
+        self.output_parts = io.parts  # several outputs: packed into one (onnx_outputs)
         if precision == "int8":
             raise EngineError("engine.precision int8 needs engine.type tensorrt and a Q/DQ model", EX_CONFIG)
         if io.batch == 1 and max_batch > 1:
             dynamic = onnx_tools.make_batch_dynamic(model)
             if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
-                model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
+                model, io = dynamic, onnx_tools.model_io(dynamic, model_path)  # parts: kept above
         available = ort.get_available_providers()
         want_cuda = provider == "cuda" or (provider == "auto" and "CUDAExecutionProvider" in available)
         if provider == "cuda" and "CUDAExecutionProvider" not in available:

@@ -174,6 +174,7 @@ class TensorRTEngine:
             detail = "; ".join(self.logger.errors) or "no detail from TensorRT"
             raise EngineError(f"TensorRT cannot deserialize the engine it built ({self.plan.path}): {detail}")
         self.engine: ICudaEngine = engine
+        self.output_parts = self.plan.prepared.io.parts  # several outputs: packed into one (onnx_outputs)
         self.lanes = max(1, int(lanes))
         self._lanes: list[_Lane] = []
         try:

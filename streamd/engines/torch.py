@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
+from streamd.engines.onnx_outputs import prepare_io
 from streamd.engines.options import EngineOptions
 from streamd.exitcodes import EX_CONFIG
 from streamd.gpu.cuda import Stream
@@ -71,12 +72,13 @@ def convert_model(
     whose input H/W are dynamic is converted at ``input_size`` ((width, height): ``model.input_size``), the
     one shape it then runs at (CUDA graphs are captured per shape)."""
     model = onnx_tools.load(model_path)
-    model, io, fixed = onnx_tools.fix_input_size(model, model_path, input_size)
+    model, io, fixed = prepare_io(model, model_path, input_size)
     steps: list[str] = list(fixed)
+    parts = io.parts
     if io.batch == 1 and max_batch > 1:
         dynamic = onnx_tools.make_batch_dynamic(model)
         if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
-            model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
+            model, io = dynamic, replace(onnx_tools.model_io(dynamic, model_path), parts=parts)
             steps.append(onnx_tools.DYNAMIC_BATCH_RECIPE)
     module, more = convert_onnx(model, model_path.name)
     return module, io, (*steps, *more)
@@ -275,6 +277,7 @@ class TorchEngine:
             torch.backends.cudnn.allow_tf32 = tf32
             torch.backends.cuda.matmul.allow_tf32 = tf32
         cpu_module, io, self.steps = convert_model(model_path, max_batch, o.input_size)
+        self.output_parts = io.parts  # several outputs: packed into one (onnx_outputs)
         self.input_shape = io.chw
         self.input_dtype = np.dtype(np.float32)
         self.output_dtype = np.dtype(np.float32)

@@ -17,13 +17,14 @@ import logging
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from streamd.engines import onnx_tools
 from streamd.engines.base import EngineError
 from streamd.engines.cache import CacheKey, atomic_write, engines_dir, platform_tag
+from streamd.engines.onnx_outputs import prepare_io
 from streamd.engines.progress import BuildProgress
 from streamd.engines.trt_protocols import (
     ICudaEngine,
@@ -106,7 +107,8 @@ def prepare_model(
     """Check the ONNX, make a fixed batch of 1 dynamic when a larger batch is asked for, convert for
     precision."""
     model = onnx_tools.load(model_path)
-    model, io, fixed = onnx_tools.fix_input_size(model, model_path, options.input_size)
+    model, io, fixed = prepare_io(model, model_path, options.input_size)
+    parts = io.parts
     sha = onnx_tools.file_sha256(model_path)
     recipe, strongly, flags, to_fp16 = precision_plan(major, options.precision, onnx_tools.has_qdq(model))
     steps: list[str] = list(fixed)  # a dynamic H/W pinned: the network, and so the profile, at input_size
@@ -116,7 +118,7 @@ def prepare_model(
     elif io.batch == 1 and max_batch > 1:
         dynamic = onnx_tools.make_batch_dynamic(model)
         if dynamic is not None and onnx_tools.verify_batch_dynamic(model, dynamic):
-            model, io = dynamic, onnx_tools.model_io(dynamic, model_path)
+            model, io = dynamic, replace(onnx_tools.model_io(dynamic, model_path), parts=parts)
             steps.append(onnx_tools.DYNAMIC_BATCH_RECIPE)
         else:
             log.warning("%s: fixed batch 1 that cannot be made dynamic; max batch 1", model_path.name)

@@ -86,7 +86,10 @@ class GpuStages:
             pre, self.ctx, max_batch=self.max_batch, dtype=_DTYPE_NAMES[in_dtype], loader=self.loader, ring=16
         )
         out_shape = engine.output_shape
-        num_anchors = out_shape[2] if post.layout == "yolov8" else out_shape[1]
+        if post.head is not None:
+            num_anchors = post.head.candidates
+        else:
+            num_anchors = out_shape[2] if post.layout == "yolov8" else out_shape[1]
         self.post = GpuPostprocessor(
             post,
             self.ctx,

@@ -6,7 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec, nms, resolve_layout
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec, nms
+from streamd.stages.postprocess.resolve import resolve_layout
 
 C = 80
 

@@ -38,9 +38,54 @@ from streamd.gpu.cuda import (
 )
 from streamd.gpu.kernels import KernelLoader, PackedArgs
 from streamd.stages.postprocess.cpu import PostprocessSpec
+from streamd.stages.postprocess.head import Head
 from streamd.types import Detections, Transform, to_source_padded
 
-LAYOUT_IDS = {"yolov8": 0, "yolov5": 1, "end2end": 2}
+LAYOUT_IDS = {"yolov8": 0, "yolov5": 1, "end2end": 2}  # one output: the fixed decode_<layout> kernels
+BOX_FORMAT_IDS = {"cxcywh": 0, "xyxy": 1, "xywh": 2, "yxyx": 3}
+ACTIVATION_IDS = {"none": 0, "sigmoid": 1, "softmax": 2}
+MAX_LEVELS = 4
+
+
+class HeadParams(ctypes.Structure):
+    """Mirror of ``struct HeadParams`` in kernels/postprocess.cu (``decode_generic``), from a ``Head``."""
+
+    _fields_ = [
+        *((name, ctypes.c_int) for name in ("n", "row", "num_classes", "score_cols")),
+        *((name, ctypes.c_int) for name in ("box_off", "box_sa", "box_sk", "box_format")),
+        ("scale", ctypes.c_float * 4),
+        *((name, ctypes.c_int) for name in ("score_off", "score_sa", "score_sc", "softmax_cols")),
+        *((name, ctypes.c_int) for name in ("activation", "obj_off", "obj_sa", "cls_off", "cls_sa")),
+        *((name, ctypes.c_int) for name in ("class_offset", "count_off", "levels")),
+        ("level_end", ctypes.c_int * MAX_LEVELS),
+        ("grid_w", ctypes.c_int * MAX_LEVELS),
+        ("stride", ctypes.c_float * MAX_LEVELS),
+    ]
+
+    @staticmethod
+    def of(head: Head) -> HeadParams:
+        if len(head.grid) > MAX_LEVELS:
+            raise ValueError(f"GpuPostprocessor: at most {MAX_LEVELS} grid levels, got {len(head.grid)}")
+        sx, sy = head.box_scale
+        scale = (sy, sx, sy, sx) if head.box_format == "yxyx" else (sx, sy, sx, sy)
+        obj = head.objectness or (-1, 0)
+        cls = head.classes or (-1, 0)
+        ends, total = [], 0
+        for _, gw, gh in head.grid:
+            total += gw * gh
+            ends.append(total)
+        pad = [0] * (MAX_LEVELS - len(head.grid))
+        return HeadParams(
+            head.candidates, head.row, head.num_classes, head.score_cols if head.classes is None else 1,
+            *head.box, BOX_FORMAT_IDS[head.box_format], (ctypes.c_float * 4)(*scale),
+            *head.scores, head.softmax_cols, ACTIVATION_IDS[head.activation], *obj, *cls, head.class_offset,
+            -1 if head.count is None else head.count, len(head.grid),
+            (ctypes.c_int * MAX_LEVELS)(*ends, *pad),
+            (ctypes.c_int * MAX_LEVELS)(*(g[1] for g in head.grid), *pad),
+            (ctypes.c_float * MAX_LEVELS)(*(float(g[0]) for g in head.grid), *pad),
+        )  # fmt: skip
+
+
 NMS_THREADS = 1024
 DECODE_THREADS = 256
 
@@ -143,10 +188,16 @@ class GpuPostprocessor:
         dtype: str = "float32",
         loader: KernelLoader | None = None,
     ) -> None:
-        if spec.layout not in LAYOUT_IDS:
+        head = spec.head
+        self.generic = head is not None and not head.legacy
+        if not self.generic and spec.layout not in LAYOUT_IDS:
             raise ValueError(
-                f"GpuPostprocessor: layout must be one of {', '.join(LAYOUT_IDS)}, got {spec.layout!r}"
+                f"GpuPostprocessor: layout must be one of {', '.join(LAYOUT_IDS)} or a head, "
+                f"got {spec.layout!r}"
             )
+        if self.generic:
+            assert head is not None
+            num_anchors = head.candidates
         if dtype not in ("float32", "float16"):
             raise ValueError(f"GpuPostprocessor: dtype must be float32 or float16, got {dtype!r}")
         if not 1 <= spec.top_k <= MAX_TOP_K:
@@ -156,14 +207,16 @@ class GpuPostprocessor:
                 f"GpuPostprocessor: max_detections ({spec.max_detections}), max_batch ({max_batch}) and "
                 f"num_anchors ({num_anchors}) must be >= 1"
             )
-        if spec.layout != "end2end" and spec.num_classes < 1:
+        if (self.generic or spec.layout != "end2end") and spec.num_classes < 1:
             raise ValueError(f"GpuPostprocessor: num_classes must be >= 1, got {spec.num_classes}")
         self.spec, self.ctx, self.max_batch, self.n, self.dtype = spec, ctx, max_batch, num_anchors, dtype
         self.max_det = spec.max_detections
         self._owns_loader = loader is None
         self.loader = loader or KernelLoader(ctx)
         suffix = "f16" if dtype == "float16" else "f32"
-        self.decode = self.loader.kernel("postprocess", f"decode_{spec.layout}_{suffix}")
+        kind = "generic" if self.generic else spec.layout
+        self.decode = self.loader.kernel("postprocess", f"decode_{kind}_{suffix}")
+        self._head = HeadParams.of(head) if self.generic and head is not None else None
         self.nms = self.loader.kernel("postprocess", "nms_select")
         self.kcap, self.sort_cap, words, self.shared = nms_geometry(spec, num_anchors, self.max_det)
         if self.shared > 48 * 1024:
@@ -179,7 +232,7 @@ class GpuPostprocessor:
         self._boxes = DeviceBuffer(16 * n)
         self._classes = DeviceBuffer(4 * n)
         self._counts = DeviceBuffer(4 * max_batch)
-        do_nms = spec.layout != "end2end"
+        do_nms = head.nms if head is not None else spec.layout != "end2end"
         self._mask = DeviceBuffer(max_batch * words * self.kcap * 8 if do_nms else 8)
         self._consts = (
             ctypes.c_int(num_anchors),
@@ -192,7 +245,9 @@ class GpuPostprocessor:
         self._done_stream: Stream | None = None  # the owned stream _done was last recorded on
         self._packed: dict[tuple[int, int, int, int], tuple[PackedArgs, PackedArgs]] = {}
 
-    def input_shape(self, batch: int) -> tuple[int, int, int]:
+    def input_shape(self, batch: int) -> tuple[int, ...]:
+        if self._head is not None:
+            return (batch, self._head.row)
         c = self.spec.num_classes
         return {
             "yolov8": (batch, 4 + c, self.n),
@@ -269,11 +324,11 @@ class GpuPostprocessor:
             ctypes.c_uint64(self._classes.ptr),
             ctypes.c_uint64(self._counts.ptr),
         )
+        shape_args = (self._head,) if self._head is not None else (n_anchors, num_classes)
         decode = PackedArgs(
             (
                 ctypes.c_uint64(output),
-                n_anchors,
-                num_classes,
+                *shape_args,
                 score_thr,
                 keys,
                 boxes,

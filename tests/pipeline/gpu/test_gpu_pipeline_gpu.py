@@ -16,7 +16,8 @@ import pytest
 from streamd.config import load_config
 from streamd.engines import create_engine
 from streamd.stages.cpu import CpuStages
-from streamd.stages.postprocess.cpu import PostprocessSpec, resolve_layout
+from streamd.stages.postprocess.cpu import PostprocessSpec
+from streamd.stages.postprocess.resolve import resolve_layout
 from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import Frame
 from tests.conftest import CLIP, CLIP_HEVC, MODEL, run_streamd
