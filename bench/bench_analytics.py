@@ -1,7 +1,7 @@
 """Host cost of the per-stream analytics per frame, on synthetic walkers: CPU time of
-``StreamAnalytics.annotate`` and its JSON lines (tracking, zones, events) vs the plain JSON line, for several
-object counts. The analytics run in the worker's result thread, so this is what tracking adds per frame to
-that thread (and to the GIL).
+``StreamAnalytics.annotate`` and its JSON lines (tracking, zones, events, dwell, line crossings) vs the plain
+JSON line, for several object counts. The analytics run in the worker's result thread, so this is what
+tracking adds per frame to that thread (and to the GIL).
 
     python bench/bench_analytics.py [--frames 2000] [--objects 5 20 50] [--out DIR]
 
@@ -64,11 +64,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     (tmp / "v.mp4").write_bytes(b"\0")
     zone = {"name": "left", "polygon": [[0, 0], [960, 0], [960, 1080], [0, 1080]]}
+    lines = [{"name": f"x{x}", "points": [[x, 100], [x + 100, 1000]]} for x in (300, 700, 1100, 1500)]
     setups = {
         "plain line": None,
         "tracking": {"streams": [{"id": "cam", "url": "v.mp4"}], "tracking": {"enabled": True}},
         "tracking + zone + events": {
             "streams": [{"id": "cam", "url": "v.mp4", "zones": [zone]}],
+            "tracking": {"enabled": True},
+        },
+        "+ dwell + 4 lines": {
+            "streams": [{"id": "cam", "url": "v.mp4", "zones": [{**zone, "dwell_s": 2}], "lines": lines}],
             "tracking": {"enabled": True},
         },
     }
