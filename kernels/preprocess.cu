@@ -5,16 +5,19 @@
 // horizontally adjacent output pixels and writes each channel as one pair (half2 / float2; scalar stores when
 // W is odd), so a warp writes 64 consecutive pixels of one row of each plane. Source tap positions depend only
 // on the column or the row, so each block computes them once into shared memory. Per-frame parameters come
-// from a small device array (FrameParams, mirrored by FRAME_DTYPE in streamd/gpu/preprocess.py); batch-wide
-// ones are kernel arguments.
+// from a small device array (FrameParams, mirrored by FRAME_DTYPE in streamd/stages/preprocess/cuda.py);
+// batch-wide ones are kernel arguments.
 //
-// Conventions (the CPU twin, streamd/pipeline/preprocess.py, follows the same ones):
+// Conventions (the CPU twin, streamd/stages/preprocess/cpu.py + colour.py, follows the same ones):
 // - output pixel (x, y) inside the resized area [x0, x0 + rw) x [y0, y0 + rh) samples the source at
 //   ((x - x0) + 0.5) * src_w / rw - 0.5 (half-pixel centres, OpenCV INTER_LINEAR), coordinate computed in
 //   double like OpenCV, clamped to the border, bilinear: horizontal pass first, then vertical; pixels
 //   outside it are pad_value;
-// - NV12 -> RGB in float, chroma taken from the 2x2 block the luma pixel belongs to (nearest), each
-//   source tap clamped to [0, 255] before interpolation (no rounding to 8 bits; computed in units of 255);
+// - NV12 -> RGB in float with the matrix (BT.601/BT.709) and range (limited/full) the stream signals, chroma
+//   taken from the 2x2 block the luma pixel belongs to (nearest-neighbour upsampling: the stream's chroma
+//   siting is not interpolated, on either path), each source tap clamped to [0, 255] before interpolation
+//   (no rounding to 8 bits; computed in units of 255). The CPU decoder converts its pictures the same way
+//   (colour.py), so both paths feed the network the same pixels;
 // - then (value - mean) / std per channel, computed as value * scale - shift in the output channel order.
 
 #ifndef STREAMD_EMU
@@ -25,7 +28,7 @@ namespace streamd_pre {
 
 enum SourceFormat : int { kNV12 = 0, kBGR = 1, kRGB = 2 };
 
-// Keep in sync with FRAME_DTYPE (streamd/gpu/preprocess.py): 8-byte fields first, 96 bytes.
+// Keep in sync with FRAME_DTYPE (streamd/stages/preprocess/cuda.py): 8-byte fields first, 96 bytes.
 struct FrameParams {
     unsigned long long src0;  // NV12: Y plane; packed: first pixel of the first row
     unsigned long long src1;  // NV12: interleaved UV plane; packed: unused

@@ -1,8 +1,8 @@
 """How a model wants its input (``PreprocessSpec``) and where a frame lands in it (``compute_transform``).
 
-Plain values, shared by the CPU twin (``pipeline/preprocess.py``, OpenCV) and the CUDA kernels
-(``gpu/preprocess.py``): this module imports neither OpenCV nor CUDA. The resize convention is described in
-``pipeline/preprocess.py``.
+Plain values, shared by the CPU twin (``stages/preprocess/cpu.py``, OpenCV) and the CUDA kernel
+(``stages/preprocess/cuda.py``): this module imports neither OpenCV nor CUDA. The resize convention is
+described in ``cpu.py``, the colour conversion in ``colour.py``.
 """
 
 from __future__ import annotations
