@@ -35,7 +35,7 @@ LAYERS: list[set[str]] = [
     {"engines"},
     {"stages"},  # preprocess / postprocess (spec, CPU twin, CUDA side by side) and the stage contract
     {"checks", "ingest", "analytics", "sinks"},
-    {"pipeline", "web"},
+    {"pipeline", "web", "clips"},  # clips: packet ring -> MP4 remux; above ingest and analytics
     {"worker"},
     {"supervisor"},
     {"cli", "build_engine", "__main__"},

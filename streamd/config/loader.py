@@ -19,6 +19,7 @@ from streamd.config._fields import (
     required,
 )
 from streamd.config._yaml import load_yaml
+from streamd.config.clips import ClipsConfig, parse_clips
 from streamd.config.engine import EngineConfig, parse_engine
 from streamd.config.errors import ConfigError
 from streamd.config.metrics import MetricsConfig, parse_metrics
@@ -46,6 +47,9 @@ class Config:
     tracking: TrackingConfig = field(
         default_factory=TrackingConfig, metadata={"doc": "object tracking (streams[].tracking overrides it)"}
     )
+    clips: ClipsConfig = field(
+        default_factory=ClipsConfig, metadata={"doc": "event clips (streams[].clips overrides it)"}
+    )
     log_level: Literal["debug", "info", "warning", "error"] = opt(
         "info", "least severe log level written to stderr"
     )
@@ -62,7 +66,7 @@ class Config:
         return tuple(s.id for s in self.streams)
 
 
-TOP_KEYS = ("streams", "model", "engine", "pipeline", "sinks", "metrics", "tracking", "log_level")
+TOP_KEYS = ("streams", "model", "engine", "pipeline", "sinks", "metrics", "tracking", "clips", "log_level")
 
 
 _SECTION_OF = {
@@ -136,9 +140,10 @@ def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
     model = parse_model(data.get("model"), problems, base_dir, model_file)
     tracking = parse_tracking(data.get("tracking"), problems)
     if "streams" in data:  # after model and tracking: streams name classes and override tracking keys
-        streams = parse_streams(data["streams"], problems, base_dir, model.class_names, tracking)
+        clips = parse_clips(data.get("clips"), problems, base_dir, model.class_names)
+        streams = parse_streams(data["streams"], problems, base_dir, model.class_names, tracking, clips)
     else:
-        streams = ()
+        streams, clips = (), ClipsConfig()
         problems.add(
             "streams", "required key missing; add a streams: list with at least one {id:, url:} item"
         )
@@ -163,6 +168,7 @@ def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
         sinks=sinks,
         metrics=metrics,
         tracking=tracking,
+        clips=clips,
         log_level=log_level,
         source=problems.source,
         lines=dict(problems.marks),

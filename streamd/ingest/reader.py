@@ -32,7 +32,7 @@ from streamd.config import StreamConfig
 from streamd.ingest import log
 from streamd.ingest.decode import DecodedPicture, DecoderFull
 from streamd.ingest.decoder_slot import DecoderSlot
-from streamd.ingest.sources import Demuxer, DemuxOptions, SourceError, open_stream
+from streamd.ingest.sources import Demuxer, DemuxOptions, Packet, SourceError, VideoInfo, open_stream
 from streamd.ingest.sources.backoff import Backoff, StallWatch
 from streamd.ingest.sources.file import Pacer
 from streamd.ingest.stats import StreamStats
@@ -58,6 +58,17 @@ class FrameQueue(Protocol):
     def put(self, frame: Frame, stop: threading.Event) -> bool: ...
 
     def close(self) -> None: ...
+
+
+class PacketTap(Protocol):
+    """Sees the stream's compressed packets before they are decoded (``streamd.clips.ClipRecorder``): per
+    session ``begin``, then ``packet`` for each; ``place`` gets the session's timeline offset (a frame's pts
+    minus its source pts) with every frame put out; ``end`` when the stream thread stops."""
+
+    def begin(self, info: VideoInfo) -> None: ...
+    def packet(self, packet: Packet) -> None: ...
+    def place(self, offset: float) -> None: ...
+    def end(self) -> None: ...
 
 
 class _Stall(SourceError):
@@ -91,6 +102,7 @@ class StreamReader:
         self.analytics = analytics
         self.on_lines = on_lines
         self.on_frame: Callable[[Frame], None] | None = None  # the status page's copy of a GPU frame
+        self.packet_tap: PacketTap | None = None  # event clips: the packets, before decode
         self.out = out
         self.stop = stop
         self.stats = StreamStats(decoder=decoder)
@@ -141,6 +153,8 @@ class StreamReader:
             if self.stats.state != "failed":
                 self.stats.state = "ended"
             self.slot.close()
+            if self.packet_tap is not None:
+                self.packet_tap.end()
             self._end_analytics()  # before the queue closes: the pipeline cannot finish without these lines
             self.out.close()
 
@@ -249,6 +263,9 @@ class StreamReader:
         cfg, slot, timeline = self.cfg, self.slot, self.timeline
         info = demuxer.info
         slot.get(info)
+        tap = self.packet_tap
+        if tap is not None:
+            tap.begin(info)
         if info.fps:
             self.nominal_fps = float(info.fps)  # the rate the source promises (overload detection)
         timeline.begin(info.fps, info.time_base)
@@ -262,6 +279,8 @@ class StreamReader:
                     return "stopped"
                 self.stats.last_packet = time.monotonic()
                 timeline.packet(packet.pts, arrived)
+                if tap is not None:
+                    tap.packet(packet)
                 try:
                     pictures = slot.decode(packet)
                 except DecoderFull as exc:  # handled below, the session ends
@@ -320,6 +339,8 @@ class StreamReader:
             if not pacer.wait(pts):
                 return False
             arrived = time.perf_counter()  # a paced file "arrives" when the pacer releases it
+        if self.packet_tap is not None and pts is not None and pic.pts is not None:
+            self.packet_tap.place(pts - pic.pts)
         now = time.perf_counter()
         frame = Frame(
             self.cfg.id,

@@ -20,6 +20,7 @@ from typing import Any
 
 from streamd.analytics.annotations import Output
 from streamd.analytics.stream import StreamAnalytics
+from streamd.clips import ClipHooks
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.ingest.decode import wait_closed
@@ -157,6 +158,7 @@ class Pipeline:
         self.workers: list[StreamReader] = []
         self.decoder = ""
         self.analytics: dict[str, Any] = {}  # stream id -> StreamAnalytics (only streams that use any)
+        self.clips = ClipHooks()  # event clips: a packet ring per stream that has them, one writer thread
         self.latency = {s.id: LatencyHistograms() for s in self.streams}  # per stream, for /metrics
         # The status page: host frames by reference; NVDEC frames copied at ingest, only when asked.
         self.latest = LatestFrames(config.model.class_names)
@@ -215,6 +217,7 @@ class Pipeline:
             sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
         )
         self._queues[worker] = q
+        worker.packet_tap = self.clips.recorder(sc)
         # detect_fps, zones, tracking, events; none where the stream uses none of them
         hook = StreamAnalytics(sc, cfg.model.class_names, self._crossings.setdefault(sc.id, {}))
         if hook.active:
@@ -306,10 +309,12 @@ class Pipeline:
             self.latest.update(r)
             hook = self.analytics.get(f.stream_id)
             if hook is None:
+                self.clips.result(r)
                 records.append(Record(f.stream_id, f.index, f.pts, f.wall_time, frame_line(r, names)))
                 continue
             with hook.lock:
-                lines = encode_all(hook.annotate(r), names)
+                outputs = hook.annotate(r)
+                lines = self.clips.result(r, outputs, encode_all(outputs, names))
                 if lines:
                     self._emit([Record(f.stream_id, f.index, f.pts, f.wall_time, line) for line in lines])
         self.results += len(results)
@@ -352,6 +357,7 @@ class Pipeline:
             if self.scheduler is not None and self._started and not self.scheduler.join(timeout=10):
                 self.scheduler.abort.set()
                 self.scheduler.join(timeout=5)
+            self.clips.close()  # open clips end with what they have; queued ones are written
             for sid, hook in self.analytics.items():  # lines held after the last result
                 with hook.lock:
                     if outputs := hook.flush():
