@@ -25,7 +25,7 @@ from streamd.exitcodes import EX_CONFIG
 
 log = logging.getLogger(__name__)
 
-PACK_RECIPE = "pack-v1"
+PACK_RECIPE = "pack-v1"  # bump when the packed graph changes
 PACKED_NAME = "streamd_outputs"
 
 
@@ -112,15 +112,20 @@ def pack_outputs(model: Any, source: object = "model") -> tuple[Any, tuple[Outpu
     flat_shape = numpy_helper.from_array(np.array([0, -1], np.int64), f"{PACKED_NAME}__flat")
     graph.initializer.append(flat_shape)
     pieces, parts, offset = [], [], 0
-    for name, shape, dims in shapes:
+    for k, (name, shape, dims) in enumerate(shapes):
         flat, cast = f"{name}__{PACKED_NAME}_flat", f"{name}__{PACKED_NAME}_f32"
-        graph.node.append(helper.make_node("Reshape", [name, flat_shape.name], [flat]))
-        graph.node.append(helper.make_node("Cast", [flat], [cast], to=TensorProto.FLOAT))
+        # Named nodes: converters such as onnx2torch key their modules by node name.
+        graph.node.append(
+            helper.make_node("Reshape", [name, flat_shape.name], [flat], f"{PACKED_NAME}/flat{k}")
+        )
+        graph.node.append(
+            helper.make_node("Cast", [flat], [cast], f"{PACKED_NAME}/cast{k}", to=TensorProto.FLOAT)
+        )
         pieces.append(cast)
         part = OutputPart(name, shape, offset, dims)
         parts.append(part)
         offset += part.size
-    graph.node.append(helper.make_node("Concat", pieces, [PACKED_NAME], axis=1))
+    graph.node.append(helper.make_node("Concat", pieces, [PACKED_NAME], f"{PACKED_NAME}/concat", axis=1))
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(PACKED_NAME, TensorProto.FLOAT, [batch_dim, offset]))
     log.debug("%s: packed %d outputs into %s [%s, %d]", source, len(parts), PACKED_NAME, batch_dim, offset)

@@ -111,7 +111,7 @@ class Head:
     count: int | None = None
     grid: tuple[tuple[int, int, int], ...] = ()  # yolox: (stride, grid w, grid h) per level
     nms: bool = True
-    note: str = ""
+    note: str = field(default="", compare=False)
     legacy: bool = field(default=False, compare=False)  # one output in a layout the fixed kernels decode
 
     def decode(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
