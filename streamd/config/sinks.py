@@ -185,6 +185,7 @@ class RedisSinkConfig:
         1 << 30,
         "most bytes the spool holds; beyond it the oldest lines are dropped and counted",
         ge=1 << 20,
+        le=1 << 40,
     )
     queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
     skip_empty: bool = opt(False, _SKIP_DOC)

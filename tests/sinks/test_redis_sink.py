@@ -254,7 +254,7 @@ def test_config_checks_name_the_key(tmp_path) -> None:
     text = "\n".join(found)
     assert "sinks[0].spool_dir: folder not found" in text and "create it first" in text
     assert "sinks[0].key: unknown placeholder {camera}" in text
-    assert "sinks[0].spool_max_bytes: expected an integer >= 1048576, got 10" in text
+    assert "sinks[0].spool_max_bytes: expected an integer between 1048576 and 1099511627776, got 10" in text
     assert "sinks[2].spool_dir: " in text and "already used by sinks[1]" in text
     missing = config_problems(tmp_path, [{"type": "redis", "host": "h"}])
     assert any("sinks[0].spool_dir: required key missing; add spool_dir:" in p for p in missing), missing
