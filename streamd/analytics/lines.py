@@ -84,8 +84,9 @@ class LineSet:
 
     def outside(self, width: int, height: int) -> list[str]:
         """Names of lines with an end point outside a ``width`` x ``height`` frame."""
-        far = (self.a > (width, height)).any(1) | (self.b > (width, height)).any(1)
-        return [n for n, f in zip(self.names, far.tolist(), strict=True) if f]
+        size = np.array([width, height], np.float64)
+        far = np.logical_or((self.a > size).any(axis=1), (self.b > size).any(axis=1))
+        return [self.names[k] for k in np.flatnonzero(far)]
 
     def points(self, xyxy: np.ndarray) -> np.ndarray:
         """(n, 4) boxes -> (n, k, 2): each box's anchor point for each line."""
