@@ -1,4 +1,5 @@
-"""Per-stream analytics after detection: detection rate (``detect_fps``), zones, tracking and zone events.
+"""Per-stream analytics after detection: detection rate (``detect_fps``), zones, tracking, zone events (enter,
+dwell, leave) and line crossings.
 
 Pure numpy (plus ``lap`` for the tracker's assignment); never imports CUDA or torch. One
 ``StreamAnalytics`` per stream lives in the process that holds the stream (see ``streamd.analytics.stream``).

@@ -201,3 +201,14 @@ def test_segment_intersection_cases() -> None:
         False,
         True,
     ]
+
+
+def test_a_line_outside_the_frame_is_logged_once(tmp_path, caplog) -> None:
+    far = {"name": "far", "points": [[100, 300], [900, 300]]}  # the frame is 768 wide
+    cfg = config(tmp_path, lines=[H, far])
+    a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
+    with caplog.at_level("ERROR", logger="streamd.analytics.stream"):
+        for t in range(3):
+            a.annotate(result(t, [(300, 250)]))
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and "line(s) far reach outside the 768x576 frame" in logged[0], logged
