@@ -125,3 +125,41 @@ def test_engine_packs_every_output(
             assert [o["name"] for o in verdict["outputs"]] == names  # every output compared on its own
     finally:
         e.close()
+
+
+def test_check_and_run_a_tf_style_model(tmp_path: Path, exported: dict[str, Path]) -> None:
+    """``streamd check`` notes what auto chose from the names; ``streamd run`` writes schema-valid lines whose
+    classes are the model's 1-based labels minus 1 (class_offset auto for TF names)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import jsonschema
+
+    from tests.conftest import CLIP, ROOT, SCHEMA, run_streamd
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: cam\n    url: {CLIP}\nmodel:\n  path: {exported['tf']}\n  input_size: [64, 64]\n"
+        "  class_names: [a, b, c]\n  resize: stretch\n  score_threshold: 0.2\n"
+        f"engine:\n  type: onnxruntime\nsinks:\n  - type: jsonl\n    path: {tmp_path / 'out.jsonl'}\n"
+    )
+    check = run_streamd("check", str(cfg))
+    assert check.returncode == 0, check.stderr
+    assert "model.layout auto chose outputs (TF Object Detection API names): boxes detection_boxes (yxyx" in (
+        check.stderr
+    )
+    assert "classes detection_classes (minus 1), count num_detections, no NMS" in check.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+    for r in records:
+        validator.validate(r)
+    classes = {d["class_id"] for r in records for d in r["detections"]}
+    assert classes and classes <= {0, 1, 2}, classes

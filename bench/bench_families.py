@@ -1,0 +1,211 @@
+"""Detector families on the GPU vs ONNX Runtime CPU: the engine ``engine.type`` picks (``auto``: torch + CUDA
+on a box without TensorRT) with its start-up check, and the GPU decode + NMS kernels, against ONNX Runtime CPU
+with the CPU twin, on the same preprocessed frames of real footage.
+
+For each config (a streamd config whose ``model:`` section describes one model; ``--zoo DIR`` makes one per
+model of a ``tools/model_zoo.py`` manifest): the first ``--frames`` frames of the clip are decoded and
+preprocessed once on the CPU; ONNX Runtime CPU + ``CpuPostprocessor`` give the reference detections, the GPU
+engine (``create_engine`` with the start-up check, as ``streamd run`` does) + ``GpuPostprocessor`` the others.
+Reported per model: the check's verdict, the layout ``auto`` chose, reference and GPU detection counts and the
+share matched both ways by class at IoU ≥ 0.95 (reference detections above ``score_threshold + margin``).
+
+  python bench/bench_families.py --zoo /tmp/zoo --frames 100 --json /tmp/families.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streamd.checks.compare import match_detections  # noqa: E402
+from streamd.config import load_config  # noqa: E402
+from streamd.resources import bundled_path  # noqa: E402
+
+CLIP = bundled_path("samples", "vtest.mp4")
+
+
+def read_frames(path: Path, n: int) -> list[np.ndarray]:
+    import av
+
+    out = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            out.append(frame.to_ndarray(format="bgr24"))
+            if len(out) == n:
+                break
+    return out
+
+
+def gpu_detections(engine: Any, spec: Any, raw: np.ndarray) -> list[Any]:
+    """The GPU kernels on the engine's raw output (uploaded once per batch)."""
+    from streamd.gpu.cuda import Context, DeviceBuffer, Stream
+    from streamd.stages.postprocess.cuda import GpuPostprocessor
+
+    ctx = Context(0)
+    stream = Stream(ctx)
+    post = GpuPostprocessor(spec, ctx, max_batch=len(raw), num_anchors=spec.head.candidates)
+    dev = DeviceBuffer(raw.nbytes)
+    dev.upload(np.ascontiguousarray(raw, np.float32), stream)
+    results, host = post.new_results(), post.new_host_results()
+    post(dev, len(raw), stream, results)
+    results.download(host, stream, len(raw))
+    stream.synchronize()
+    out = host.detections(len(raw))
+    for obj in (post, results, host, dev):
+        obj.close()
+    return out
+
+
+def run_model(config_path: Path, n_frames: int, engine_type: str, precision: str, margin: float) -> dict:
+    from streamd.checks.verify import VerifyPlan, create_engine
+    from streamd.engines.base import parts_of
+    from streamd.engines.options import EngineOptions
+    from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
+    from streamd.stages.postprocess.head import HeadSettings
+    from streamd.stages.postprocess.resolve import resolve_head
+    from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
+
+    config = load_config(config_path)
+    m = config.model
+    w, h = m.input_size
+    pre = CpuPreprocessor(PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value))
+    images = read_frames(CLIP, n_frames)
+    batch = np.empty((len(images), 3, h, w), np.float32)
+    for i, image in enumerate(images):
+        pre(image, batch[i])
+    size = (int(w), int(h))
+    t0 = time.perf_counter()
+    ref_engine = create_engine(
+        "onnxruntime", m.path, EngineOptions(max_batch=8, precision="fp32", device="cpu", input_size=size),
+        verify=False,
+    )  # fmt: skip
+    options = EngineOptions(max_batch=8, precision=precision, device=0, input_size=size)
+    gpu = create_engine(engine_type, m.path, options, verify=VerifyPlan.from_config(config))
+    start_s = time.perf_counter() - t0
+    try:
+        head = resolve_head(HeadSettings.from_model(m), parts_of(gpu))
+        spec = PostprocessSpec(
+            head.layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k,
+            head=head,
+        )  # fmt: skip
+        ref_out = np.concatenate([ref_engine.infer(batch[i : i + 8]) for i in range(0, len(batch), 8)])
+        gpu_out = np.concatenate([gpu.infer(batch[i : i + 8]) for i in range(0, len(batch), 8)])
+        ref = CpuPostprocessor(spec)(ref_out.astype(np.float32))
+        got = [d for i in range(0, len(gpu_out), 8) for d in gpu_detections(gpu, spec, gpu_out[i : i + 8])]
+        cut = m.score_threshold + margin
+        n_ref = n_got = hit_ref = hit_got = 0
+        ious: list[float] = []
+        for r, g in zip(ref, got, strict=True):
+            a, b, iou = match_detections(r, g, cut, 0.95)
+            c, d, _ = match_detections(g, r, cut, 0.95)
+            n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
+            ious += iou
+        verdict = getattr(gpu, "verification", None) or {}
+        return {
+            "config": str(config_path),
+            "model": m.path.name,
+            "engine": gpu.name,
+            "layout": head.layout,
+            "note": head.note,
+            "verified": verdict.get("passed"),
+            "verify_outputs": [(o["name"], round(o["max_abs"], 5)) for o in verdict.get("outputs", [])],
+            "frames": len(images),
+            "ref_detections": n_ref,
+            "gpu_detections": n_got,
+            "matched": round(min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0), 4),
+            "worst_iou": round(min(ious, default=1.0), 4),
+            "start_s": round(start_s, 1),
+        }
+    finally:
+        gpu.close()
+        ref_engine.close()
+
+
+ZOO_MODEL = """model:
+  path: {path}
+  input_size: [{size}, {size}]
+  channel_order: {order}
+  mean: [0, 0, 0]
+  std: [{std}, {std}, {std}]
+  resize: {resize}
+  score_threshold: {threshold}
+{extra}streams:
+  - id: cam
+    url: {clip}
+sinks:
+  - type: stdout
+"""
+
+
+def zoo_configs(zoo: Path, out: Path) -> list[Path]:
+    """One config per model of a ``tools/model_zoo.py`` manifest (``MANIFEST.json`` in ``zoo``)."""
+    manifest = json.loads((zoo / "MANIFEST.json").read_text())
+    models = manifest["models"] if isinstance(manifest, dict) else manifest
+    configs = []
+    for entry in models:
+        if entry.get("runs") is False:  # e.g. torchvision's own unbatchable export, there to be refused
+            continue
+        yolox = entry["family"].startswith("yolox")
+        threshold = entry.get("probe", {}).get("threshold", 0.25)
+        extra = "  layout: yolox\n" if yolox and "decode" not in entry.get("variant", "") else ""
+        classes = entry.get("num_classes")
+        if classes and classes != 80:
+            extra += f"  class_names: [{', '.join(f'c{i}' for i in range(classes))}]\n"
+        path = out / f"{Path(entry['file']).stem}.yaml"
+        path.write_text(
+            ZOO_MODEL.format(
+                path=zoo / entry["file"],
+                size=entry["input_size"][0],
+                order="bgr" if yolox else "rgb",
+                std=1.0 if yolox else 255.0,
+                resize="letterbox",
+                threshold=threshold,
+                extra=extra,
+                clip=CLIP,
+            )
+        )
+        configs.append(path)
+    return configs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("configs", nargs="*", type=Path, help="streamd configs, one model each")
+    parser.add_argument("--zoo", type=Path, help="a tools/model_zoo.py output folder (MANIFEST.json)")
+    parser.add_argument("--frames", type=int, default=100)
+    parser.add_argument("--engine", default="auto")
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--margin", type=float, default=0.0, help="reference detections above thr + margin")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    configs = list(args.configs)
+    if args.zoo:
+        work = args.zoo / "configs"
+        work.mkdir(exist_ok=True)
+        configs += zoo_configs(args.zoo, work)
+    rows = []
+    for cfg in configs:
+        try:
+            row = run_model(cfg, args.frames, args.engine, args.precision, args.margin)
+        except Exception as exc:  # one model's failure is a row, not the end of the run
+            row = {"config": str(cfg), "error": f"{type(exc).__name__}: {exc}"[:400]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all("error" not in r and r["matched"] >= 0.99 and r["verified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
