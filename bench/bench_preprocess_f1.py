@@ -6,7 +6,9 @@ Both sides run the daemon (``streamd run``) on the same clips with the bundled N
 - ``run --side cpu``: PyAV demux + CpuDecoder (FFmpeg) + CPU preprocess + ONNX Runtime + numpy NMS;
 - ``run --side gpu``: NVDEC + preprocess kernel + torch engine (fp32 unless ``--precision``) + NMS kernel;
   ``--no-tf32`` sets NVIDIA_TF32_OVERRIDE=0 (cuDNN/cuBLAS then never use TF32 for FP32 convolutions), to
-  separate the engine's arithmetic from the preprocessing;
+  separate the engine's arithmetic from the preprocessing; ``--ignore-colour-signal`` makes NVDEC's pictures
+  keep the source's default matrix/range (what it did before it read the SPS: with the OpenCV demuxer, BT.601
+  limited under 720 lines whatever the stream says), through a sitecustomize in a temporary folder;
 - ``compare CPU.jsonl GPU.jsonl``: per stream and frame, detections of the same class matched one to one
   (greedily, highest IoU first) at IoU >= 0.9: F1 = 2 TP / (2 TP + FP + FN), CPU taken as the truth. Also
   the share of strong CPU detections (score >= 0.38) matched at IoU >= 0.95.
@@ -54,9 +56,17 @@ MODEL = """model:
 """
 
 
-def run(side: str, out: Path, precision: str, tf32: bool, names: list[str]) -> Path:
+IGNORE_SIGNAL = """import streamd.ingest.decode.nvdec as nvdec
+nvdec.with_colour = lambda info, sps: info
+"""
+
+
+def run(
+    side: str, out: Path, precision: str, tf32: bool, names: list[str], ignore_signal: bool = False
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tag = side if side == "cpu" else f"gpu-{precision}{'' if tf32 else '-notf32'}"
+    tag += "-nosignal" if ignore_signal else ""
     jsonl, cfg = out / f"{tag}.jsonl", out / f"{tag}.yaml"
     clips = {n: CLIPS[n] for n in names if CLIPS[n].exists()}
     missing = sorted(set(names) - set(clips))
@@ -75,6 +85,11 @@ def run(side: str, out: Path, precision: str, tf32: bool, names: list[str]) -> P
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not tf32:
         env["NVIDIA_TF32_OVERRIDE"] = "0"
+    if ignore_signal:  # every process of the daemon (workers too) imports it at start-up
+        site = out / "nosignal-site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(IGNORE_SIGNAL)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH", "")]))
     jsonl.unlink(missing_ok=True)
     started = time.monotonic()
     proc = subprocess.run(
@@ -166,6 +181,7 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"])
     r.add_argument("--no-tf32", action="store_true")
+    r.add_argument("--ignore-colour-signal", action="store_true")
     r.add_argument("--clips", nargs="+", default=list(CLIPS), choices=list(CLIPS))
     c = sub.add_parser("compare")
     c.add_argument("cpu", type=Path)
@@ -173,7 +189,7 @@ def main() -> None:
     c.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.cmd == "run":
-        run(args.side, args.out, args.precision, not args.no_tf32, args.clips)
+        run(args.side, args.out, args.precision, not args.no_tf32, args.clips, args.ignore_colour_signal)
         return
     rows = compare(args.cpu, args.gpu)
     if args.json:
