@@ -25,6 +25,7 @@ from streamd.config._fields import (
     resolve_path,
     suggest,
 )
+from streamd.config.home_assistant import HomeAssistantConfig, parse_home_assistant
 
 _QUEUE_DOC = "lines buffered for this sink; when full, new lines are dropped and counted"
 _SKIP_DOC = "leave out frames without detections"
@@ -112,6 +113,10 @@ class MqttSinkConfig:
         pattern_doc="an MQTT topic without wildcards or spaces",
     )
     keepalive_s: int = opt(30, "MQTT keepalive; a dead broker is noticed within about 1.5 x this", ge=5)
+    home_assistant: HomeAssistantConfig = field(
+        default_factory=HomeAssistantConfig,
+        metadata={"doc": "Home Assistant MQTT discovery of each stream's sensors (off by default)"},
+    )
     reconnect_max_s: float = opt(30.0, "longest wait between reconnect attempts (backoff doubles)", ge=1)
     queue_size: int = opt(4096, _QUEUE_DOC, ge=1)
     skip_empty: bool = opt(False, _SKIP_DOC)
@@ -295,7 +300,10 @@ def parse_sinks(raw: object, problems: Problems, base_dir: Path) -> tuple[SinkCo
             continue
         cls = SINK_TYPES[kind]
         before = len(problems.items)
-        given = read_section(cls, item, here, problems, special=_specials(cls, base_dir), extra_keys=["type"])
+        special = _specials(cls, base_dir)
+        if cls is MqttSinkConfig:  # a nested section: its own problems, with their key paths
+            special["home_assistant"] = lambda v, p: parse_home_assistant(v, p, problems)
+        given = read_section(cls, item, here, problems, special=special, extra_keys=["type"])
         if given is None or len(problems.items) > before:
             continue
         sink = cls(**given)

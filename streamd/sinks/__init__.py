@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from streamd.config import Config
 from streamd.config.sinks import (
     HttpSinkConfig,
     JsonlSinkConfig,
@@ -80,6 +81,7 @@ class SinkSet:
         self.reload_warnings: list[str] = []  # the last reconfigure: new sinks that cannot deliver yet
         self.retired: list[LineSink] = []  # closed by a reload; their losses still count
         self.taps: list[Callable[[str, str], None]] = []  # also see every line (outlive a reconfigure)
+        self._config: Config | None = None  # the last configured(): given to sinks a reconfigure starts
         self._on_all_gone = on_all_gone
         self._unique_names()
         for s in self.sinks:
@@ -136,6 +138,8 @@ class SinkSet:
             plan.append(match if match is not None else c)
         fresh = SinkSet(build_sinks(c for c in plan if not isinstance(c, LineSink)))
         fresh.start(hold=True)  # raises StartupError before anything changed
+        if self._config is not None:
+            fresh.configured(self._config)
         self.reload_warnings = []
         deadline = time.monotonic() + self.USABLE_WAIT_S
         for s in fresh.sinks:  # e.g. an MQTT broker that cannot be reached: taken, but not silently
@@ -165,6 +169,13 @@ class SinkSet:
     def stream_removed(self, stream_id: str) -> None:
         for s in self.sinks:
             s.stream_removed(stream_id)
+
+    def configured(self, config: Config) -> None:
+        """The config now running (start, reload, control API): to every sink, and to those a later
+        reconfigure starts."""
+        self._config = config
+        for s in self.sinks:
+            s.configured(config)
 
     def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
         """Once a second from the supervisor: each stream's snapshot entry (state, last_error, ...)."""

@@ -9,6 +9,7 @@ The supervisor calls, in this order:
   as long as one thread submits them.
 - ``wait_usable(timeout)`` after a reload started it: why it cannot deliver yet (MQTT: broker unreachable).
 - ``stream_health(per_stream)`` once a second: each stream's health (MQTT's retained status follows it).
+- ``configured(config)`` at start and whenever the running streams change: the config now running.
 - ``reopen()`` on SIGHUP (after logrotate moved a file); a no-op for sinks without files.
 - ``close(timeout)`` once at the end: writes what is queued within ``timeout``; what is left is dropped.
 
@@ -25,7 +26,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamd.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,10 @@ class LineSink:
 
     def stream_health(self, per_stream: Mapping[str, Mapping[str, Any]]) -> None:
         """Each stream's state once a second (MQTT's retained status follows it); a no-op for most sinks."""
+
+    def configured(self, config: Config) -> None:
+        """At start and after each change of the running streams (reload, control API): the config now
+        running (MQTT's Home Assistant discovery announces its streams); a no-op for most sinks."""
 
     def wait_usable(self, timeout: float) -> str | None:
         """After ``start``: None when the target can take lines, else why not (a network sink may wait up to

@@ -18,6 +18,9 @@ state, the reason and the last error. ``availability_topic`` gets a retained ``o
 ``offline`` at close, and the same ``offline`` is the last will the broker publishes if streamd dies. After a
 reconnect every stream's status is sent again (a broker without persistence forgot its retained messages).
 
+With ``home_assistant.enabled`` the writer thread also publishes Home Assistant discovery messages and the
+sensors' states (``streamd.sinks.ha_discovery``): each stream's status, object counts and line counters.
+
 A broker that cannot be reached (refused, unknown host, no answer: from the start or for longer than
 ``_DOWN_S`` later) is logged once and the sink counts as broken (``stats()["broken"]``, the metric
 ``streamd_sink_broken``) until it connects; lines wait in the queue meanwhile. The password is never logged.
@@ -37,9 +40,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from streamd.config import Config
 from streamd.config.sinks import MqttSinkConfig
 from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.sinks.base import _CLOSE, LineSink
+from streamd.sinks.ha_discovery import Discovery
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,7 @@ class MqttSink(LineSink):
         self._unreachable: str | None = None  # why the broker cannot be reached (None: connected or trying)
         self._started = time.monotonic()
         self._deadline = float("inf")
+        self._ha = Discovery(cfg.home_assistant, cfg) if cfg.home_assistant.enabled else None
 
     # -- start/close ---------------------------------------------------------------------------------
 
@@ -152,6 +158,11 @@ class MqttSink(LineSink):
         if client is not None:
             client.loop_stop()
             self._client = None
+
+    def configured(self, config: Config) -> None:
+        """The running streams: Home Assistant discovery announces them (the writer thread publishes)."""
+        if self._ha is not None:
+            self._ha.configured(config)
 
     def stream_removed(self, stream_id: str) -> None:
         """Queued behind the stream's last lines: its retained status becomes offline."""
@@ -271,6 +282,9 @@ class MqttSink(LineSink):
                 if sid in self._detail:
                     self._publish(topic + "/detail", self._detail[sid], False, retain=True)
                 self._publish(topic, word, False, retain=True)
+            self._publish_ha(self._ha.republish() if self._ha is not None else [])
+        if self._ha is not None:
+            self._publish_ha(self._ha.drain())
         if self._wanted_gen == self._applied_gen:
             return
         with self._health_lock:
@@ -308,6 +322,8 @@ class MqttSink(LineSink):
                     self._set_status(stream_id, "offline")
                     del self._status[stream_id]
                     self._detail.pop(stream_id, None)
+                if self._ha is not None:  # its entities are deleted (unless it is configured again)
+                    self._ha.removed(stream_id)
                 continue
             if not self._wait_until_sendable():
                 self._dropped_out += 1
@@ -315,7 +331,14 @@ class MqttSink(LineSink):
             if stream_id not in self._status:  # its first line; later, health decides
                 self._set_status(stream_id, "online")
             self._publish(self._topic(self.cfg.topic, stream_id), line.rstrip("\n"), True)
+            if self._ha is not None:
+                self._publish_ha(self._ha.frame(stream_id, line))
         self._finish()
+
+    def _publish_ha(self, messages: list[tuple[str, str]]) -> None:
+        """Home Assistant's discovery and state messages: retained, QoS 1, not counted as lines."""
+        for topic, payload in messages:
+            self._publish(topic, payload, False, retain=True)
 
     def _topic(self, template: str, stream_id: str) -> str:
         return template.replace("{stream}", stream_id)

@@ -165,6 +165,7 @@ class Supervisor:
                     EX_UNAVAILABLE,
                 ) from exc
         sink_set = SinkSet.from_config(cfg.sinks, on_all_gone=self._outputs_gone)  # every reader left: stop
+        sink_set.configured(cfg)  # e.g. MQTT's Home Assistant discovery announces the streams
         try:  # open outputs before any model loads: an unwritable file fails now, not after minutes
             sink_set.start()
         except (StartupError, OSError) as exc:
@@ -318,6 +319,8 @@ class Supervisor:
             engine=new.engine,
             tracking=new.tracking,
         )
+        if self.sink_set is not None:
+            self.sink_set.configured(self.config)
         self._moves.edit_streams(plan)
         if plan.model_changed:
             self._moves.switch_model()
@@ -343,6 +346,8 @@ class Supervisor:
         running = self.config
         plan = plan_reload(running, dataclasses.replace(running, streams=streams))
         self.config = dataclasses.replace(running, streams=streams)
+        if self.sink_set is not None:
+            self.sink_set.configured(self.config)
         self._moves.edit_streams(plan)
         self._moves.advance()
         return plan.describe()
