@@ -36,7 +36,23 @@ from streamd.sinks.spool import Spool, SpoolError
 log = logging.getLogger(__name__)
 
 _FIRST_RETRY_S = 0.5
-_REPLAY_SLICE_S = 0.2  # replay this long, then move queued lines to the spool, so the queue never fills
+# Error replies that say "not now" rather than "never": the batch is sent again later, not dropped. The client
+# turns some into exception classes (their text without the code), others stay ResponseError("CODE ...").
+_TRANSIENT_CODES = ("LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "NOPERM", "CLUSTERDOWN")
+_TRANSIENT_CODES += ("MISCONF", "NOAUTH")
+_TRANSIENT_CLASSES = ("OutOfMemoryError", "ReadOnlyError", "NoPermissionError", "TryAgainError")
+_TRANSIENT_CLASSES += ("ClusterDownError", "MasterDownError")
+
+
+def _transient(error: Exception) -> bool:
+    import redis
+
+    names = {c.__name__ for c in type(error).__mro__}
+    return (
+        isinstance(error, redis.ConnectionError)
+        or bool(names.intersection(_TRANSIENT_CLASSES))
+        or str(error).startswith(_TRANSIENT_CODES)
+    )
 
 
 def read_password(cfg: RedisSinkConfig) -> str | None:
@@ -86,7 +102,7 @@ class RedisSink(LineSink):
         self._inflight_src = "mem"  # "mem", or "spool": the spool's head, taken off once acknowledged
         self._inflight_epoch = 0
         self._closing = False
-        self._sender = threading.Thread(target=self._send_loop, name=f"sink-{self.name}-send", daemon=True)
+        self._sender = threading.Thread(target=self._send_main, name=f"sink-{self.name}-send", daemon=True)
         self._deadline = float("inf")
         self._next_try = 0.0
         self._delay = _FIRST_RETRY_S
@@ -227,6 +243,13 @@ class RedisSink(LineSink):
 
     # -- the sender thread: memory or spool -> Redis -------------------------------------------------------
 
+    def _send_main(self) -> None:
+        try:
+            self._send_loop()
+        except Exception as exc:  # a bug here must not leave lines piling up unseen
+            log.exception("sink %s: sender thread failed", self.name)
+            self._fail(f"{type(exc).__name__}: {exc}")
+
     def _send_loop(self) -> None:
         self._probe()
         while True:
@@ -301,11 +324,16 @@ class RedisSink(LineSink):
             self._down(f"{type(exc).__name__}: {exc}")
             return False
         except redis.RedisError as exc:  # e.g. NOAUTH / WRONGPASS: the server answers but refuses us
-            self._down(f"the server refused: {exc}")
+            self._down(f"refused: {type(exc).__name__}: {exc}")
             return False
-        refused = [r for r in replies if isinstance(r, Exception)]
-        if refused:  # e.g. WRONGTYPE: the key holds something else; resending cannot help
-            self._dropped_out += len(refused)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        later = [e for e in errors if _transient(e)]
+        if later:  # the server cannot take lines now (full, loading, read-only, not logged in): resend all
+            self._down(f"refused for now: {type(later[0]).__name__}: {later[0]}")
+            return False
+        refused = errors  # e.g. WRONGTYPE: the key holds something else; resending cannot help
+        if refused:
+            self._count_out(len(refused))
             self.log_once(
                 f"refused:{type(refused[0]).__name__}",
                 logging.ERROR,
@@ -350,8 +378,8 @@ class RedisSink(LineSink):
         if self._connected or self._unreachable is None:
             self._down_since = time.monotonic()
             log.error(
-                "sink %s: cannot reach the server (%s); lines go to the spool %s (up to %d bytes), retrying "
-                "with backoff up to %g s",
+                "sink %s: the server cannot take lines (%s); they go to the spool %s (up to %d bytes), "
+                "retrying with backoff up to %g s",
                 self.name, why, self.cfg.spool_dir, self.cfg.spool_max_bytes, self.cfg.retry_max_s,
             )  # fmt: skip
         self._connected, self._unreachable = False, why
