@@ -6,7 +6,8 @@ What the demuxers give (``streamd.ingest.sources``): OpenCV's raw mode, and PyAV
 PyAV on an MP4/MKV file for the CPU decoder hands out the container's length-prefixed NAL units with
 ``avcC``/``hvcC`` extradata. FFmpeg's MP4 muxer takes Annex-B H.264/HEVC and builds its ``avcC``/``hvcC``
 box from the parameter sets of the first packet, so length-prefixed packets are turned into Annex-B here
-first (the extradata's parameter sets go in front of each key frame). A stream created with
+first (the extradata's parameter sets go in front of each key frame; in front of the first one for
+Annex-B packets, whose camera may send them only in the SDP). A stream created with
 ``add_mux_stream`` has no codec context, so nothing is ever encoded.
 
 Timestamps: packets come in decode order, each with its time on the stream's timeline; the clip's pts are
@@ -92,7 +93,9 @@ def write_mp4(path: Path, packets: Sequence[RingPacket]) -> int:
         raise ValueError("a clip must start with a key frame")
     info = packets[0].info
     size = length_size(info)
-    params = to_annexb_extradata(info.extradata, info.codec) if size else b""
+    # The parameter sets go in front of the first key frame (Annex-B packets may carry none in-band: an RTSP
+    # camera may send them only in the SDP) and, for length-prefixed packets, in front of every key frame.
+    params = to_annexb_extradata(info.extradata, info.codec) if info.codec in ("h264", "hevc") else b""
     times = [p.t for p in packets]
     if any(t is None for t in times):
         raise ValueError("a clip's packets must all be on the timeline")
@@ -102,8 +105,10 @@ def write_mp4(path: Path, packets: Sequence[RingPacket]) -> int:
         with av.open(str(part), "w", format="mp4") as out:
             stream = out.add_mux_stream(info.codec, width=info.width, height=info.height)
             stream.time_base = Fraction(1, TICKS)
-            for p, pt, dt in zip(packets, pts, dts, strict=True):
-                data = p.data if not size else (params if p.key else b"") + to_annexb(p.data, size)
+            for i, (p, pt, dt) in enumerate(zip(packets, pts, dts, strict=True)):
+                data = to_annexb(p.data, size) if size else p.data
+                if p.key and (size or i == 0):
+                    data = params + data
                 packet = av.Packet(data)
                 packet.stream = stream
                 packet.time_base = stream.time_base
