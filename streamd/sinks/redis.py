@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 _FIRST_RETRY_S = 0.5
 # Error replies that say "not now" rather than "never": the batch is sent again later, not dropped. The client
 # turns some into exception classes (their text without the code), others stay ResponseError("CODE ...").
-_TRANSIENT_CODES = ("LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "NOPERM", "CLUSTERDOWN")
-_TRANSIENT_CODES += ("MISCONF", "NOAUTH")
-_TRANSIENT_CLASSES = ("OutOfMemoryError", "ReadOnlyError", "NoPermissionError", "TryAgainError")
-_TRANSIENT_CLASSES += ("ClusterDownError", "MasterDownError")
+_TRANSIENT_CODES: tuple[str, ...] = ("LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "TRYAGAIN", "NOPERM")
+_TRANSIENT_CODES += ("CLUSTERDOWN", "MISCONF", "NOAUTH")
+_TRANSIENT_CLASSES: tuple[str, ...] = ("OutOfMemoryError", "ReadOnlyError", "NoPermissionError")
+_TRANSIENT_CLASSES += ("TryAgainError", "ClusterDownError", "MasterDownError")
 
 
 def _transient(error: Exception) -> bool:

@@ -136,7 +136,7 @@ class Spool:
             f.seek(offset)
             while len(out) < n and used < self._counts[seg]:
                 raw = f.readline()
-                sid, _, line = raw.decode("utf-8", "replace").partition("\t")
+                sid, _, line = raw.decode("utf-8", "replace").rstrip("\n").partition("\t")
                 out.append((sid, line))
                 offset += len(raw)
                 used += 1
