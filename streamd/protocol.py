@@ -3,12 +3,13 @@
     worker -> supervisor   ``Ready`` once built (again after ``Adopt``) · ``Lines`` per batch ·
                            ``WorkerStats`` at least once a second, also while held (the supervisor's sign
                            of life) · ``StartFailed`` when it cannot start · ``StreamsEdited`` after an
-                           ``EditStreams`` · ``FrameJpeg`` after a ``SnapshotRequest`` · ``Done`` at the end
+                           ``EditStreams`` · ``FrameJpeg`` after a ``SnapshotRequest`` · ``ClipStarted``
+                           after a ``ClipRequest`` · ``Done`` at the end
     supervisor -> worker   ``Go`` start the streams (first start: once every worker is built) · ``Adopt`` a
                            spare takes over a dead worker's streams, then starts · ``EditStreams`` a reload
                            removes, changes or adds streams in place (the others never pause) · ``Stop``
                            drain and finish · ``Abort`` finish now · ``SnapshotRequest`` a JPEG of a stream's
-                           latest frame for the status page
+                           latest frame for the status page · ``ClipRequest`` a clip (the control API)
 
 Each side dispatches on the message's type (``match``). A stream's counters (``StreamCounters``) and latency
 histograms add up (``StreamTotals``), so the supervisor sums them over every process that carried the stream.
@@ -174,6 +175,12 @@ class FrameJpeg:
 
 
 @dataclass(frozen=True)
+class ClipStarted:
+    stream_id: str
+    path: str | None  # the clip's file; None: nothing buffered yet, or no clips (with api in on) there
+
+
+@dataclass(frozen=True)
 class Done:
     failed: bool  # a stage failed or a stream gave up
 
@@ -214,5 +221,10 @@ class SnapshotRequest:
     stream_id: str
 
 
-ToSupervisor = Ready | Lines | WorkerStats | StartFailed | StreamsEdited | FrameJpeg | Done
-ToWorker = Go | Adopt | EditStreams | Stop | Abort | SnapshotRequest
+@dataclass(frozen=True)
+class ClipRequest:
+    stream_id: str
+
+
+ToSupervisor = Ready | Lines | WorkerStats | StartFailed | StreamsEdited | FrameJpeg | ClipStarted | Done
+ToWorker = Go | Adopt | EditStreams | Stop | Abort | SnapshotRequest | ClipRequest

@@ -69,6 +69,10 @@ class Host(Protocol):
         """Main loop: run ``streams`` from now on (reload's rules); returns what was applied, one line."""
         ...
 
+    def request_clip(self, stream_id: str) -> tuple[bool, str | None]:
+        """A clip of the stream, now (any thread): (its worker answered, the clip's path or None)."""
+        ...
+
 
 class Headers(Protocol):
     """A request's headers (``email.message.Message``: names case-insensitive)."""
@@ -267,16 +271,22 @@ class ControlApi:
         return Reply(200, {"events": events, "next": nxt})
 
     def _clip(self, sid: str) -> Reply:
-        if sid not in self.host.config.stream_ids:
+        stream = next((s for s in self.host.config.streams if s.id == sid), None)
+        if stream is None:
             return _error(404, f"no stream {sid!r}")
-        request = getattr(self.host, "request_clip", None)
-        if request is None:
-            return _error(501, "event clips are not available in this streamd; nothing was recorded")
-        try:
-            answer = request(sid)
-        except (LookupError, ValueError) as exc:  # e.g. no clips: section for this stream
-            return _error(501, str(exc))
-        return Reply(202, {"stream": sid, "clip": answer})
+        clips = stream.clips
+        if not clips.enabled or "api" not in clips.on:
+            why = "has no clips" if not clips.enabled else "has clips, but not on api requests"
+            return _error(501, f"stream {sid!r} {why}; add a clips: section (dir:, and api in its on: list)")
+        answered, path = self.host.request_clip(sid)
+        if not answered:
+            return _error(504, f"the worker carrying {sid!r} did not answer; try again")
+        if path is None:
+            return Reply(
+                503, {"error": f"nothing of {sid!r} is buffered yet; try again"}, {"Retry-After": "2"}
+            )
+        note = f"written once {clips.post_roll_s:g} s of post-roll have passed (an event then may extend it)"
+        return Reply(202, {"stream": sid, "clip": path, "note": note})
 
     def _add(self, headers: Headers, body: bytes | None) -> Reply:
         raw, bad = _parse_body(headers, body)

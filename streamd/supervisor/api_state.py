@@ -47,7 +47,8 @@ def check_stream(raw: object, config: Config, prefix: str = "") -> tuple[StreamC
     the global tracking section): (the stream, []) or (None, problems as ``key.path: message``, key paths
     relative to the stream and preceded by ``prefix``)."""
     problems = Problems("", config_dir(config), {})
-    streams = parse_streams([raw], problems, problems.base_dir, config.model.class_names, config.tracking)
+    names, base = config.model.class_names, problems.base_dir
+    streams = parse_streams([raw], problems, base, names, config.tracking, config.clips)
     if problems.items or len(streams) != 1:
         lines = []
         for _line, path, message in problems.items:

@@ -340,6 +340,10 @@ class Supervisor:
     def api_ready(self) -> bool:
         return self.pool.announced and not self.stop.is_set()
 
+    def request_clip(self, stream_id: str) -> tuple[bool, str | None]:
+        """A clip of the stream from now back by its pre-roll: (the worker answered, the clip's path)."""
+        return self.pool.request_clip(stream_id)
+
     def change_streams(self, streams: tuple[StreamConfig, ...]) -> str:
         """Main loop: run ``streams`` from now on, with reload's rules (only the touched streams start or
         stop); returns what was applied, one line."""

@@ -30,6 +30,8 @@ from streamd.config import Config, StreamConfig
 from streamd.protocol import (
     Abort,
     Adopt,
+    ClipRequest,
+    ClipStarted,
     Done,
     FrameJpeg,
     Go,
@@ -159,6 +161,8 @@ class WorkerPool:
         self._no_spare: set[int] = set()  # GPUs where a spare could not start
         self._snapshots: dict[str, tuple[threading.Event, list[bytes | None]]] = {}  # pending page requests
         self._snapshot_lock = threading.Lock()
+        self._clips: dict[str, tuple[threading.Event, list[str | None]]] = {}  # pending API clip requests
+        self._clip_lock = threading.Lock()
         self.sink_set: SinkSet | None = None
         self.last_result_at = 0.0  # perf_counter: last result received
         # Held while counters move between a slot's stats and its base (or to the spare) and while a
@@ -307,6 +311,10 @@ class WorkerPool:
                             w.stats = message
                 case Ready():
                     self._ready(w, message)
+                case ClipStarted(stream_id, path):
+                    if (waiting := self._clips.get(stream_id)) is not None:
+                        waiting[1].append(path)
+                        waiting[0].set()
                 case FrameJpeg(stream_id, jpeg):
                     pending = self._snapshots.get(stream_id)
                     if pending is not None:
@@ -363,6 +371,18 @@ class WorkerPool:
             done.wait(timeout)
             self._snapshots.pop(stream_id, None)
         return box[0] if box else None
+
+    def request_clip(self, stream_id: str, timeout: float = 5.0) -> tuple[bool, str | None]:
+        """The control API's clip request, asked of the worker carrying the stream: (answered, its path)."""
+        w = self.owner.get(stream_id)
+        if w is None or not w.alive:
+            return False, None
+        with self._clip_lock:  # one request at a time: each only slices a packet ring
+            done, box = self._clips[stream_id] = (threading.Event(), [])
+            self.send(w, ClipRequest(stream_id))
+            done.wait(timeout)
+            self._clips.pop(stream_id, None)
+        return bool(box), box[0] if box else None
 
     def send(self, w: WorkerSlot, message: ToWorker) -> None:
         if w.conn is not None and w.alive:

@@ -22,6 +22,8 @@ from streamd.exitcodes import EX_SOFTWARE, StartupError
 from streamd.protocol import (
     Abort,
     Adopt,
+    ClipRequest,
+    ClipStarted,
     Done,
     EditStreams,
     FrameJpeg,
@@ -200,6 +202,13 @@ def _commands(
                     log.exception("snapshot of %s failed", stream_id)
                     jpeg = None
                 channel.send(FrameJpeg(stream_id, jpeg))
+            case ClipRequest(stream_id):  # the control API asked: the recorder only slices its packet ring
+                try:
+                    path = pipeline.clips.trigger(stream_id, "api")
+                except Exception:
+                    log.exception("clip of %s failed", stream_id)
+                    path = None
+                channel.send(ClipStarted(stream_id, path))
 
 
 def _reconfigure(channel: _Channel, pipeline: Pipeline, edit: EditStreams) -> None:

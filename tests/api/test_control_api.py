@@ -158,6 +158,7 @@ def test_streams_change_at_run_time_and_survive_a_restart(tmp_path, assets) -> N
         # Add d with a zone over the whole picture: its enter/leave events reach GET /api/events.
         zone = {"name": "all", "polygon": [[0, 0], [768, 0], [768, 576], [0, 576]]}
         dd = {"id": "d", "url": str(CLIP), "realtime": True, "loop": True, "detect_fps": 5, "zones": [zone]}
+        dd["clips"] = {"dir": str(tmp_path / "clips"), "on": ["api"], "pre_roll_s": 2, "post_roll_s": 1}
         assert d.call("POST", "/api/streams", dd)[0] == 201
 
         def events() -> list[dict]:
@@ -174,10 +175,20 @@ def test_streams_change_at_run_time_and_survive_a_restart(tmp_path, assets) -> N
         assert later and later[0]["seq"] == first[2]["seq"]
         assert d.call("GET", "/api/events?since=abc")[0] == 400
 
-        # A clip request: 404 for an unknown stream; 501 (clips not configured) or 202 otherwise.
+        # A clip request: 404 for an unknown stream, 501 for one without clips, else the clip's file.
         assert d.call("POST", "/api/streams/nope/clip")[0] == 404
         code, body, _ = d.call("POST", "/api/streams/u0/clip")
-        assert code in (202, 501), body
+        assert code == 501 and "'u0' has no clips" in body["error"], body
+        code, body, _ = d.call("POST", "/api/streams/d/clip")
+        assert code == 202 and body["clip"].startswith(str(tmp_path / "clips" / "d")), body
+        clip = Path(body["clip"])
+        d.wait(clip.exists, "the clip file", timeout=60)
+        probe = subprocess.run(
+            ["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(clip)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        print(f"clip {clip.name}: {probe.stdout.strip()} s")
+        assert probe.returncode == 0 and float(probe.stdout) >= 1.0, probe.stderr
 
         # A client that sends half a request holds only its own thread, never the daemon.
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
