@@ -16,6 +16,7 @@ import pytest
 from streamd.config import ConfigError, parse_config
 from streamd.config.sinks import RedisSinkConfig
 from streamd.exitcodes import EX_CANTCREAT, StartupError
+from streamd.sinks import SinkSet
 from streamd.sinks.redis import RedisSink
 from tests.conftest import CLIP, MODEL, ROOT, http_get, metrics_section, start_streamd
 from tests.sinks._helpers import config_with_sinks, fake_lines, free_port
@@ -153,6 +154,8 @@ def test_full_spool_drops_the_oldest_and_counts_them(tmp_path) -> None:
     assert set(got) == {("a", f) for f in range(dropped, 12000)}  # the oldest went
     assert biggest <= 1 << 20
     assert f'streamd_sink_dropped_total{{sink="{sink.name}"}} {float(dropped)}' in text
+    summary = SinkSet([sink]).summary()  # what the supervisor logs at exit, before it returns exit status 1
+    assert summary is not None and f"{sink.name}: {dropped}" in summary
 
 
 def test_spooled_lines_survive_a_restart_and_go_first(tmp_path, redis_server) -> None:
