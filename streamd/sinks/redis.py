@@ -26,6 +26,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from streamd.config.sinks import RedisSinkConfig
@@ -53,6 +54,11 @@ def _transient(error: Exception) -> bool:
         or bool(names.intersection(_TRANSIENT_CLASSES))
         or str(error).startswith(_TRANSIENT_CODES)
     )
+
+
+# Spool folders open in this process: a reload's new sink waits for the one it replaces to let go.
+_HELD: set[Path] = set()
+_HELD_LOCK = threading.Lock()
 
 
 def read_password(cfg: RedisSinkConfig) -> str | None:
@@ -90,6 +96,9 @@ class RedisSink(LineSink):
         self.reconnects = 0
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
         self._client: Any = None
+        self._password: str | None = None
+        self._spool_later = False  # the spool is taken when the writer starts (a reload's replacement)
+        self._holds_spool = False
         self._connected = False
         self._unreachable: str | None = None  # why the server cannot be reached (None: fine or not tried yet)
         self._tried = threading.Event()  # the first attempt is over (wait_usable)
@@ -113,39 +122,63 @@ class RedisSink(LineSink):
 
     def _open(self) -> None:
         try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
+            import redis  # noqa: F401 (imported here only to say so when it is missing)
         except ImportError:
             raise StartupError(
                 "sink redis: the Python package 'redis' is not installed; pip install 'streamd[redis]'",
                 EX_CONFIG,
             ) from None
-        password = read_password(self.cfg)
-        try:
-            left = self.spool.open()
-        except SpoolError as exc:
-            raise StartupError(f"sink redis: {exc}", EX_CANTCREAT) from None
-        if left:
-            log.warning(
-                "sink %s: %d line(s) left in the spool by an earlier run; sent first", self.name, left
-            )
+        self._password = read_password(self.cfg)
+        with _HELD_LOCK:
+            held_here = self.cfg.spool_dir in _HELD
+        if held_here:  # a reload replaces the sink that holds it: taken once that one closed (_serve)
+            self._spool_later = True
+        else:
+            self._open_spool()
+        self._client = self._make_client(self.cfg.timeout_s)
+
+    def _make_client(self, timeout: float) -> Any:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         cfg = self.cfg
-        self._client = redis.Redis(
+        return redis.Redis(
             host=cfg.host,
             port=cfg.port,
             db=cfg.db,
             username=cfg.username or None,
-            password=password,
-            socket_timeout=cfg.timeout_s,
-            socket_connect_timeout=cfg.timeout_s,
-            retry=Retry(NoBackoff(), 0),  # one attempt per call: the writer does its own backoff
-            decode_responses=False,
+            password=self._password,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),  # one attempt per call: the sender does its own backoff
         )
 
+    def _open_spool(self) -> None:
+        try:
+            left = self.spool.open()
+        except SpoolError as exc:
+            raise StartupError(f"sink redis: {exc}", EX_CANTCREAT) from None
+        with _HELD_LOCK:
+            _HELD.add(self.cfg.spool_dir)
+        self._holds_spool = True
+        if left:
+            log.warning("sink %s: %d line(s) waiting in the spool; sent first", self.name, left)
+
     def wait_usable(self, timeout: float) -> str | None:
-        """None once the first attempt reached the server, else why not (a reload says so; the sink stays,
-        spools, and keeps trying)."""
+        """None once the server answered, else why not (a reload says so; the sink stays, spools, and keeps
+        trying). A sink a reload holds back has not tried yet: it asks the server now."""
+        if not self._sender.is_alive() and not self._tried.is_set():
+            import redis
+
+            client = self._make_client(max(0.1, min(timeout, self.cfg.timeout_s)))
+            try:
+                client.ping()
+                return None
+            except redis.RedisError as exc:
+                return f"the server cannot take lines ({type(exc).__name__}: {exc})"
+            finally:
+                client.close()
         self._tried.wait(timeout)
         if self._connected:
             return None
@@ -160,6 +193,10 @@ class RedisSink(LineSink):
             return  # still using the spool and the client; they are left to the process exit
         left = self.spool.pending
         self.spool.close()
+        if self._holds_spool:
+            self._holds_spool = False
+            with _HELD_LOCK:
+                _HELD.discard(self.cfg.spool_dir)
         if left:
             log.warning(
                 "sink %s: %d line(s) stay in the spool %s; they are sent when streamd starts again",
@@ -172,6 +209,14 @@ class RedisSink(LineSink):
     # -- the writer thread: queue -> sender (memory) or spool (disk) ---------------------------------------
 
     def _serve(self) -> None:
+        if self._spool_later:
+            try:
+                self._open_spool()
+            except StartupError as exc:  # the sink it replaced did not let go of it
+                self._fail(str(exc))
+                while self._get() is not _CLOSE:
+                    self._count_out(1)
+                return
         self._sender.start()
         closing = False
         while not closing:

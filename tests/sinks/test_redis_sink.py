@@ -4,10 +4,13 @@ lost); the spool's byte cap drops the oldest lines and counts them; the pipeline
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -248,15 +251,52 @@ def test_a_full_server_is_waited_for_not_dropped(tmp_path) -> None:
     assert set(got) == {("a", f) for f in range(3000)} and sink.dropped == 0 and sink.resent > 0
 
 
-def test_one_spool_folder_per_sink(tmp_path) -> None:
-    a = make_sink(free_port(), tmp_path / "spool")
+def test_a_reload_that_changes_the_sink_keeps_its_spool_and_order(tmp_path) -> None:
+    """A reload replacing the sink (same spool folder, other options) while the server is away: the new sink
+    takes the spool over once the old one closed, and every line arrives in order when the server is back."""
+    server = RedisServer(tmp_path)
+    spool = tmp_path / "spool"
+    old = RedisSinkConfig(host="127.0.0.1", port=server.port, spool_dir=spool, retry_max_s=0.5)
+    sinks = SinkSet.from_config([old])
+    sinks.start()
+    lines = fake_lines(500, stream="a")
+    for line in lines[:300]:
+        sinks.submit(line, "a")
+    new = dataclasses.replace(old, maxlen=1000)
+    assert sinks.reconfigure([new], timeout=2) == (1, 1)
+    assert len(sinks.reload_warnings) == 1 and "ConnectionError" in sinks.reload_warnings[0]
+    for line in lines[300:]:
+        sinks.submit(line, "a")
+    server.start()
     try:
-        b = RedisSink(RedisSinkConfig(host="127.0.0.1", spool_dir=tmp_path / "spool"))
+        (sink,) = sinks.sinks
+        wait_for(lambda: sink.queued == 0, 30, "the lines to go out")
+        assert sinks.reconfigure([dataclasses.replace(new, maxlen=2000)], timeout=2) == (1, 1)
+        assert sinks.reload_warnings == []  # the server answers: the held sink's own ping says so
+        sinks.close(5)
+        frames = [e["line"]["frame"] for e in server.entries("streamd:a")]
+    finally:
+        server.kill()
+    print(f"reload while away: {len(frames)} received, {len(frames) - len(set(frames))} duplicates")
+    assert first_seen(frames) == list(range(500)) and sinks.lost == 0
+
+
+def test_a_spool_folder_another_process_holds_is_refused_at_start(tmp_path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from streamd.sinks.spool import Spool; "
+         "Spool(Path(sys.argv[1]), 1 << 20).open(); print('held', flush=True); sys.stdin.read()",
+         str(tmp_path / "spool")],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        sink = RedisSink(RedisSinkConfig(host="127.0.0.1", spool_dir=tmp_path / "spool"))
         with pytest.raises(StartupError) as info:
-            b.start()
+            sink.start()
         assert info.value.code == EX_CANTCREAT and "in use by another process" in str(info.value)
     finally:
-        a.close(0.2)
+        holder.kill()
+        holder.wait()
 
 
 def config_problems(tmp_path, sinks: list) -> list[str]:
