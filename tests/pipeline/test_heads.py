@@ -11,6 +11,7 @@ import pytest
 
 from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
 from streamd.stages.postprocess.head import Head, HeadSettings, pack_parts
+from streamd.stages.postprocess.read import decode_rows
 from streamd.stages.postprocess.resolve import resolve_head
 from tests.heads_data import FAMILIES, H, W
 
@@ -93,7 +94,7 @@ def reference(family: str, rows: np.ndarray) -> list[list[tuple[tuple[float, ...
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_decode_matches_an_independent_reference(family: str) -> None:
     rows = FAMILIES[family].rows(np.random.default_rng(5), 2)
-    xyxy, score, cls, valid = head_of(family).decode(rows)
+    xyxy, score, cls, valid = decode_rows(head_of(family), rows)
     for b, image in enumerate(reference(family, rows)):
         assert len(image) == xyxy.shape[1]
         want_box = np.array([c[0] for c in image])
@@ -177,8 +178,8 @@ def test_fp16_rows_decode_as_float32() -> None:
     family = FAMILIES["yolox"]
     rows = family.rows(np.random.default_rng(1), 1)
     half = rows.astype(np.float16)
-    got = head_of("yolox").decode(half)
-    want = head_of("yolox").decode(half.astype(np.float32))
+    got = decode_rows(head_of("yolox"), half)
+    want = decode_rows(head_of("yolox"), half.astype(np.float32))
     for g, w in zip(got, want, strict=True):
         assert np.array_equal(g, w)
     assert replace(head_of("yolox"), note="x") == head_of("yolox")  # the note is not part of the identity

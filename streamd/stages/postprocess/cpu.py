@@ -3,7 +3,7 @@
 Where the model's outputs hold boxes, scores and classes is a ``Head`` (``head.py``; resolved from the outputs
 by ``resolve.py``): yolov8 [B, 4 + C, N], yolov5 [B, N, 5 + C], end2end [B, K, 6] (NMS done in the model),
 detr [B, N, 4 + C] or boxes + logits, yolox raw [B, N, 5 + C] on a grid, or a mapping of several outputs
-(boxes, scores, classes, count). ``Head.decode`` (``read.py``) gives every candidate's box, best score and
+(boxes, scores, classes, count). ``read.decode_rows`` gives every candidate's box, best score and
 class; for each frame then: score threshold, keep the ``top_k`` best, class-aware greedy NMS
 by IoU, keep ``max_detections``. With ``PostprocessSpec.thresholds`` (model.classes, streams[].classes,
 model.class_thresholds) the threshold is looked up per frame (by its stream) and per best class, +inf for a
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from streamd.stages.postprocess.head import LAYOUTS, Head, HeadSettings, OutputPart
+from streamd.stages.postprocess.read import decode_rows
 from streamd.stages.postprocess.resolve import resolve_head
 from streamd.types import Detections
 
@@ -165,7 +166,7 @@ class CpuPostprocessor:
         head = self._heads.get(output.shape[1:])
         if head is None:
             head = self._heads[output.shape[1:]] = head_for(spec, output.shape)
-        boxes, scores, classes, valid = head.decode(output)
+        boxes, scores, classes, valid = decode_rows(head, output)
         results = []
         for i in range(len(output)):
             row = None if table is None else table[i]

@@ -28,7 +28,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from streamd.engines.base import OutputPart
 
@@ -114,13 +113,6 @@ class Head:
     note: str = field(default="", compare=False)
     legacy: bool = field(default=False, compare=False)  # one output in a layout the fixed kernels decode
 
-    def decode(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rows [B, row] of one batch -> (xyxy [B, N, 4], score [B, N], class id [B, N] int64, valid [B, N]);
-        float32 arithmetic in the kernel's order."""
-        from streamd.stages.postprocess.read import decode_rows
-
-        return decode_rows(self, rows)
-
 
 def cells(strides: Sequence[int], width: int, height: int) -> int:
     """Grid cells over all levels: YOLOX's candidate count (one per cell)."""
@@ -128,5 +120,5 @@ def cells(strides: Sequence[int], width: int, height: int) -> int:
 
 
 def shapes_text(parts: Sequence[OutputPart]) -> str:
-    """``boxes [1, 10, 4], scores [1, 10]``: each output with its dims (as the file writes them, or [B, ...])."""
+    """``boxes [1, 10, 4], scores [1, 10]``: each output with its dims (as the file has them, or [B, ...])."""
     return ", ".join(p.label.removeprefix("output ") for p in parts)

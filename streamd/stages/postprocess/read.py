@@ -75,7 +75,8 @@ def _activate(head: Head, best: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def decode_rows(head: Head, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """See ``Head.decode``."""
+    """Rows [B, row] of one batch -> (xyxy [B, N, 4], score [B, N], class id [B, N] int64, valid [B, N]);
+    float32 arithmetic in the kernel's order."""
     rows = np.ascontiguousarray(rows.reshape(len(rows), -1))
     if rows.shape[1] < head.row:
         raise ValueError(f"postprocess: output rows of {rows.shape[1]} values, the head reads {head.row}")
