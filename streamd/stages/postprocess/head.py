@@ -28,7 +28,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
 from streamd.engines.base import OutputPart
 
 __all__ = ["Head", "HeadSettings", "OutputPart", "cells", "pack_parts"]
