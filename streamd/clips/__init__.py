@@ -40,7 +40,9 @@ class ClipHooks:
     def recorder(self, sc: StreamConfig) -> ClipRecorder | None:
         """The recorder of a stream (None: clips off); raises StartupError when its folder cannot be made
         (73) or PyAV, which writes the MP4s, is missing (78)."""
-        self.recorders.pop(sc.id, None)
+        old = self.recorders.pop(sc.id, None)
+        if old is not None:  # a reload replaced the stream: its clips end with what they have
+            old.finish_all()
         if not sc.clips.enabled:
             return None
         if importlib.util.find_spec("av") is None:
@@ -79,6 +81,6 @@ class ClipHooks:
     def close(self, timeout: float = 10.0) -> None:
         """Finish every open clip and write what is queued (bounded by ``timeout``)."""
         for rec in list(self.recorders.values()):
-            rec.end()
+            rec.finish_all()
         if self.writer is not None:
             self.writer.close(timeout)

@@ -83,6 +83,8 @@ class ClipRecorder:
         self._open: list[_Clip] = []  # the last one takes new events; one before it is capped, ending
         self._seen: float | None = None  # the latest frame the detector has finished
         self._placed = False
+        self._ended = False  # the stream thread has stopped
+        self._last = -float("inf")  # the latest packet time stamped
         self._on = frozenset(cfg.on)
         self._classes = None if cfg.classes is None else np.asarray(cfg.classes)
 
@@ -110,6 +112,8 @@ class ClipRecorder:
             if self._open:
                 self._maybe_finish(entry.t)
             newest = entry.t
+            if newest is not None:
+                self._last = max(self._last, newest)
             if newest is not None and self._seen is not None:
                 self.ring.trim(min(newest, self._seen) - self.cfg.pre_roll_s)
 
@@ -118,11 +122,19 @@ class ClipRecorder:
             return
         with self.lock:
             self._placed = True
-            if self.ring.place(offset):
+            if placed := self.ring.place(offset):
+                self._last = max([self._last, *(p.t for p in placed if p.t is not None)])
                 self._maybe_finish(self.ring.newest)
 
     def end(self) -> None:
-        """The stream stopped: an open clip ends with what it has."""
+        """The stream thread stopped: open clips end with what they have once the detector has finished its
+        last frame (events of the frames still in flight may extend them), or at ``finish_all``."""
+        with self.lock:
+            self._ended = True
+            self._maybe_finish(self.ring.newest)
+
+    def finish_all(self) -> None:
+        """Open clips end now, with what they have (the pipeline closing, the stream replaced)."""
         with self.lock:
             for clip in list(self._open):
                 self._finish(clip)
@@ -207,10 +219,12 @@ class ClipRecorder:
         The last clip waits until the detector has passed its end by a pre-roll (a later event's pre-roll
         cannot reach back into it), or the packets have by ``MAX_LAG_S`` more (a stalled detector must not
         hold it open); one before it is capped and ends as soon as the packets pass its end."""
-        if newest is None:
-            return
+        drained = self._ended and self._seen is not None and self._seen >= self._last - 1e-6
         for clip in list(self._open):
-            if newest <= clip.end:
+            if drained:  # the stream ended and the detector has seen its last frame
+                self._finish(clip)
+                continue
+            if newest is None or newest <= clip.end:
                 continue
             settled = clip.end + self.cfg.pre_roll_s
             last = clip is self._open[-1]
