@@ -28,12 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamd.analytics.zones import anchor_points
 
-DEFAULT_MARGIN_PX = 8.0  # streams[].lines[].margin_px: a few pixels more than a walking box's anchor jitter
+if TYPE_CHECKING:
+    from streamd.config.lines import LineConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +68,15 @@ class LineSet:
     """A stream's lines as arrays: end points ``a``, ``b`` (k, 2), the sign of the "in" side (+1 left),
     ``margin`` (k,), per line its anchor and classes (None: every class)."""
 
-    def __init__(self, lines: Sequence[object]) -> None:
-        self.names = [ln.name for ln in lines]  # type: ignore[attr-defined]
-        pts = np.asarray([ln.points for ln in lines], np.float64).reshape(len(self.names), 2, 2)  # type: ignore[attr-defined]
+    def __init__(self, lines: Sequence[LineConfig]) -> None:
+        self.names = [ln.name for ln in lines]
+        pts = np.asarray([ln.points for ln in lines], np.float64).reshape(len(self.names), 2, 2)
         self.a, self.b = pts[:, 0], pts[:, 1]
         self.length = np.hypot(*(self.b - self.a).T)
-        self.in_sign = np.asarray([1 if ln.in_side == "left" else -1 for ln in lines], np.int8)  # type: ignore[attr-defined]
-        self.margin = np.asarray([getattr(ln, "margin_px", DEFAULT_MARGIN_PX) for ln in lines], np.float64)
-        self.anchors = [ln.anchor for ln in lines]  # type: ignore[attr-defined]
-        self.classes = [
-            None if ln.classes is None else np.asarray(ln.classes, np.int64)  # type: ignore[attr-defined]
-            for ln in lines
-        ]
+        self.in_sign = np.asarray([1 if ln.in_side == "left" else -1 for ln in lines], np.int8)
+        self.margin = np.asarray([ln.margin_px for ln in lines], np.float64)
+        self.anchors = [ln.anchor for ln in lines]
+        self.classes = [None if ln.classes is None else np.asarray(ln.classes, np.int64) for ln in lines]
 
     def __len__(self) -> int:
         return len(self.names)
