@@ -118,3 +118,18 @@ def test_event_ring_keeps_the_newest_and_pages() -> None:
         5,
     )
     assert [e["frame"] for e in ring.read(0, 10, "s1")[0]] == [3]
+
+
+def test_a_reload_keeps_the_api_changes_and_checks_them_against_the_new_file(tmp_path) -> None:
+    from streamd.supervisor.reload import plan_reload, reread
+
+    running = _config(tmp_path)
+    overlay = {"n": {"id": "n", "url": str(CLIP), "classes": ["person"]}, "a": None}
+    new, problems = reread(tmp_path / "c.yaml", running, overlay)
+    assert problems == [] and new is not None and new.stream_ids == ("b", "n")
+    assert plan_reload(apply_overlay(running, overlay, "s"), new).empty  # SIGHUP alone changes nothing
+    # The file now names a model without 'person': the API's stream no longer passes; the reload is refused.
+    text = (tmp_path / "c.yaml").read_text()
+    (tmp_path / "c.yaml").write_text(text + "  class_names: [car, bus]\n")
+    new, problems = reread(tmp_path / "c.yaml", running, overlay, "state.json")
+    assert new is None and any(p.startswith("state.json: streams.n.classes[0]:") for p in problems), problems
