@@ -223,7 +223,7 @@ class ControlApi:
                 return Reply(200, {"streams": self._rows()})
             if method == "POST":
                 return self._add(headers, body)
-            return _error(405, f"{method} {path}: use GET or POST", allow="GET, POST")
+            return Reply(405, {"error": f"{method} {path}: use GET or POST"}, {"Allow": "GET, POST"})
         sid = parts[1]
         if len(parts) == 3:
             if parts[2] == "clip" and method == "POST":
@@ -239,7 +239,8 @@ class ControlApi:
             return self._replace(sid, headers, body, patch=method == "PATCH")
         if method == "DELETE":
             return self._remove(sid)
-        return _error(405, f"{method} {path}: use GET, PUT, PATCH or DELETE", allow="GET, PUT, PATCH, DELETE")
+        allow = "GET, PUT, PATCH, DELETE"
+        return Reply(405, {"error": f"{method} {path}: use {allow}"}, {"Allow": allow})
 
     def _rows(self) -> list[dict[str, Any]]:
         config, per_stream = self.host.config, self.host.snapshot().get("per_stream", {})
