@@ -9,7 +9,6 @@ import pytest
 
 from streamd.checks.model import check_model
 from streamd.config import load_config
-from streamd.engines.base import EngineError
 from streamd.engines.onnx_tools import model_io
 from streamd.stages.postprocess.resolve import resolve_layout
 from tests.conftest import CLIP, ROOT, run_streamd
