@@ -18,6 +18,7 @@ when the stream ends, and handed to the :class:`~streamd.clips.writer.ClipWriter
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from streamd.ingest.packet_ring import PacketRing, RingPacket
 from streamd.ingest.sources.base import Packet, VideoInfo
 from streamd.types import FrameResult
 
+log = logging.getLogger(__name__)
 MAX_CLIP_RING_FACTOR = 16  # an open clip holds at most this many rings' worth of bytes, then it is cut
 MAX_LAG_S = 10.0  # a clip waits at most this long (stream time) past its end for the detector's events
 
@@ -84,6 +86,7 @@ class ClipRecorder:
         self._seen: float | None = None  # the latest frame the detector has finished
         self._placed = False
         self._ended = False  # the stream thread has stopped
+        self._broken = False  # an internal error stopped this stream's clips
         self._last = -float("inf")  # the latest packet time stamped
         self._on = frozenset(cfg.on)
         self._classes = None if cfg.classes is None else np.asarray(cfg.classes)
@@ -99,6 +102,17 @@ class ClipRecorder:
             self._placed = False
 
     def packet(self, packet: Packet) -> None:
+        if self._broken:
+            return
+        try:
+            self._packet(packet)
+        except Exception:  # a bug in the clip path must not stop the stream
+            self._broken = True
+            log.exception(
+                "stream %s: clips stopped after an internal error; the stream goes on", self.stream_id
+            )
+
+    def _packet(self, packet: Packet) -> None:
         with self.lock:
             entry = self.ring.push(packet)
             if entry is None:
