@@ -15,9 +15,10 @@ really behind (see :class:`StreamQueue`), so latency stays bounded while bursts 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from streamd.types import Frame
 
@@ -108,6 +109,20 @@ class Batcher:
         self._turn = 0
         self._last_frame: dict[int, float] = {}  # id(queue) -> monotonic time a frame was last taken from it
         self.early = 0  # batches pushed before the timeout because every active stream was in them
+        self._holds = 0  # > 0: a reload is swapping streams; their queues closing is not the end
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While held, every queue being closed does not read as "every stream ended": a reload that replaces
+        a process's only stream closes the old queue before its successor's is added."""
+        with self.cond:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self._holds -= 1
+                self.cond.notify_all()
 
     def add_stream(self, stream_id: str, capacity: int, policy: str) -> StreamQueue:
         with self.cond:
@@ -162,7 +177,7 @@ class Batcher:
 
     def finished(self) -> bool:
         with self.cond:
-            return all(q.closed and not q._frames for q in self._queues)
+            return not self._holds and all(q.closed and not q._frames for q in self._queues)
 
     def next_batch(self, stop: threading.Event) -> list[Frame] | None:
         """Block for the next batch; None when every stream has ended and drained, or ``stop`` is set."""
@@ -177,7 +192,7 @@ class Batcher:
                     return batch
                 if stop.is_set():
                     return batch or None
-                if all(q.closed and not q._frames for q in self._queues):
+                if not self._holds and all(q.closed and not q._frames for q in self._queues):
                     return batch or None
                 if batch and self._everyone_in(contributors, now):
                     self.early += 1

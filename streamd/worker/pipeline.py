@@ -244,37 +244,45 @@ class Pipeline:
         with self._edit_lock:
             if self._started and self.scheduler is not None and self.scheduler.join(0):
                 return [], [s.id for s in upsert]
-            touched = set(remove) | {s.id for s in upsert}
-            leaving = [w for w in self.workers if w.cfg.id in touched]
-            for w in leaving:  # stop the touched streams; their queued frames still go through
-                w.stop.set()
-            positions: dict[str, Resume] = {}
-            for w in leaving:
-                w.join(timeout=10)
-                self.stop.forget(w.stop)
-                self._retire_counters(w)
-                self.workers.remove(w)
-                index, pts, arrived = w.position()
-                if index:  # where its successor continues: frame numbering and timeline
-                    wall = time.time() - max(0.0, time.monotonic() - arrived)
-                    positions[w.cfg.id] = Resume(index, pts, wall)
-            # The successors' queues join the batcher before the old ones are gone: a worker whose only
-            # stream changes must not read as finished in between.
-            arriving = [
-                self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
-            ]
-            for w in leaving:
-                q = self._queues.pop(w)
-                self._wait_drained(q)
-                assert self.batcher is not None
-                self.batcher.discard(q)
-                self._finish_analytics(w)
-            self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
-            for worker in arriving:
-                self.workers.append(worker)
-                if self._started:
-                    worker.start()
-            return [w.cfg.id for w in leaving if w.cfg.id in set(remove)], []
+            assert self.batcher is not None
+            with self.batcher.held():  # a process's only stream replaced: not "every stream ended"
+                return self._swap(remove, upsert, resume)
+
+    def _swap(
+        self, remove: Sequence[str], upsert: Sequence[StreamConfig], resume: dict[str, Resume] | None
+    ) -> tuple[list[str], list[str]]:
+        """The body of ``reconfigure``, under its lock and the batcher's hold."""
+        touched = set(remove) | {s.id for s in upsert}
+        leaving = [w for w in self.workers if w.cfg.id in touched]
+        for w in leaving:  # stop the touched streams; their queued frames still go through
+            w.stop.set()
+        positions: dict[str, Resume] = {}
+        for w in leaving:
+            w.join(timeout=10)
+            self.stop.forget(w.stop)
+            self._retire_counters(w)
+            self.workers.remove(w)
+            index, pts, arrived = w.position()
+            if index:  # where its successor continues: frame numbering and timeline
+                wall = time.time() - max(0.0, time.monotonic() - arrived)
+                positions[w.cfg.id] = Resume(index, pts, wall)
+        # The successors' queues join the batcher before the old ones are gone: a worker whose only
+        # stream changes must not read as finished in between.
+        arriving = [
+            self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
+        ]
+        for w in leaving:
+            q = self._queues.pop(w)
+            self._wait_drained(q)
+            assert self.batcher is not None
+            self.batcher.discard(q)
+            self._finish_analytics(w)
+        self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
+        for worker in arriving:
+            self.workers.append(worker)
+            if self._started:
+                worker.start()
+        return [w.cfg.id for w in leaving if w.cfg.id in set(remove)], []
 
     def _wait_drained(self, q: Any, timeout: float = 10.0) -> None:
         """Until the batcher has taken every frame of a stopped stream's queue: its successor's frames then
