@@ -20,9 +20,8 @@ PRE, POST = 3.0, 2.0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("codec", "server_codec", "demux"), [("h264", "h264", "pyav"), ("hevc", "h265", "opencv")]
-)
+@pytest.mark.parametrize("demux", ["pyav", "opencv"])
+@pytest.mark.parametrize(("codec", "server_codec"), [("h264", "h264"), ("hevc", "h265")])
 def test_clip_of_an_rtsp_stream_is_valid(sources, rtsp_server, tmp_path, codec, server_codec, demux):
     server = rtsp_server(sources[codec], server_codec)
     cfg = ClipsConfig(enabled=True, dir=str(tmp_path), pre_roll_s=PRE, post_roll_s=POST)
