@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"checks", "ingest", "analytics", "sinks"},
     {"pipeline", "web", "clips"},  # clips: packet ring -> MP4 remux; above ingest and analytics
     {"worker"},
+    {"cluster"},  # placement and failover across nodes (etcd): below the supervisor that runs its streams
     {"supervisor"},
     {"cli", "build_engine", "__main__"},
 ]

@@ -20,6 +20,7 @@ from streamd.config._fields import (
 )
 from streamd.config._yaml import load_yaml
 from streamd.config.clips import ClipsConfig, parse_clips
+from streamd.config.cluster import ClusterConfig, parse_cluster
 from streamd.config.engine import EngineConfig, parse_engine
 from streamd.config.errors import ConfigError
 from streamd.config.metrics import MetricsConfig, parse_metrics
@@ -50,6 +51,9 @@ class Config:
     clips: ClipsConfig = field(
         default_factory=ClipsConfig, metadata={"doc": "event clips (streams[].clips overrides it)"}
     )
+    cluster: ClusterConfig = field(
+        default_factory=ClusterConfig, metadata={"doc": "streams placed across nodes (off by default)"}
+    )
     log_level: Literal["debug", "info", "warning", "error"] = opt(
         "info", "least severe log level written to stderr"
     )
@@ -66,7 +70,18 @@ class Config:
         return tuple(s.id for s in self.streams)
 
 
-TOP_KEYS = ("streams", "model", "engine", "pipeline", "sinks", "metrics", "tracking", "clips", "log_level")
+TOP_KEYS = (
+    "streams",
+    "model",
+    "engine",
+    "pipeline",
+    "sinks",
+    "metrics",
+    "tracking",
+    "clips",
+    "cluster",
+    "log_level",
+)
 
 
 _SECTION_OF = {
@@ -143,7 +158,9 @@ def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
         clips = parse_clips(data.get("clips"), problems, base_dir, model.class_names)
         streams = parse_streams(data["streams"], problems, base_dir, model.class_names, tracking, clips)
     else:
-        streams, clips = (), ClipsConfig()
+        streams, clips = (), parse_clips(data.get("clips"), problems, base_dir, model.class_names)
+    cluster = parse_cluster(data.get("cluster"), problems)
+    if "streams" not in data and not (cluster.enabled and cluster.streams_key):  # else etcd holds them
         problems.add(
             "streams", "required key missing; add a streams: list with at least one {id:, url:} item"
         )
@@ -169,6 +186,7 @@ def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
         metrics=metrics,
         tracking=tracking,
         clips=clips,
+        cluster=cluster,
         log_level=log_level,
         source=problems.source,
         lines=dict(problems.marks),

@@ -29,9 +29,10 @@ import time
 from types import FrameType
 
 from streamd import logutil, systemd
+from streamd.cluster import join_cluster
 from streamd.config import Config, StreamConfig
 from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
-from streamd.protocol import Abort
+from streamd.protocol import Abort, Resume
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
 from streamd.supervisor import control, status
@@ -52,6 +53,8 @@ class Supervisor:
         # The control API (metrics.api); the streams its state file keeps join before the workers are planned.
         self.api: ControlApi | None
         self.api, config, self._api_error = control_api(config, self)
+        # cluster: on: this node registers in etcd and starts with its share of the streams (streamd.cluster).
+        self.cluster, config, self._cluster_error = join_cluster(config)
         self.stop = threading.Event()  # SIGINT/SIGTERM: stop reading, drain, exit
         self._abort = threading.Event()  # second Ctrl-C: skip the drain
         # The worker processes: partition, start, restart, spare, stop (streamd.supervisor.pool).
@@ -146,6 +149,11 @@ class Supervisor:
         metrics = None
         if self._api_error is not None:  # an unreadable token or state file
             raise self._api_error
+        if self._cluster_error is not None:  # etcd unreachable, a bad stream list key
+            raise self._cluster_error
+        if self.cluster is not None:
+            self.pool.fence = self.cluster.may_write  # no line for a stream this node no longer holds
+            self.cluster.start()
         if cfg.metrics.enabled:
             try:
                 metrics = MetricsServer(
@@ -201,7 +209,7 @@ class Supervisor:
             if self.stop.is_set():
                 return self._stop_all()
             finished = all(w.done or w.gave_up or (w.retired and not w.alive) for w in self.workers)
-            if finished and not self.reload_in_progress:
+            if finished and not self.reload_in_progress and self.cluster is None:  # a node waits for streams
                 return 0
             self.pool.check_workers()
             self._moves.drop_orphaned_switches()
@@ -239,6 +247,8 @@ class Supervisor:
         systemd.notify("STOPPING=1", "STATUS=draining")
         self.stop.set()
         self.pool.stop_workers(abort=True, quiet=True)
+        if self.cluster is not None:  # final positions saved, streams released, lease revoked
+            self.cluster.close(self.pool.resume_for(tuple(self.cluster.held)))
         if self.sink_set is not None:
             try:
                 self.sink_set.close(timeout=10)
@@ -300,6 +310,8 @@ class Supervisor:
             for problem in problems:
                 log.error("  %s", problem)
             return False, f"refused ({len(problems)} problem(s)): " + "; ".join(problems)
+        if self.cluster is not None:  # the new list is the cluster's; this node runs its share of it
+            new = self.cluster.reloaded(new)
         plan = plan_reload(running, new)
         warnings: list[str] = []
         if plan.sinks_changed and self.sink_set is not None:
@@ -363,7 +375,7 @@ class Supervisor:
         owner = self.pool.owner  # each configured stream's slot, in config order (also the metrics thread)
         streams = {sid: w for sid in self.config.stream_ids if (w := owner.get(sid)) is not None}
         with self.pool.counters_lock:
-            return status.snapshot(
+            snap = status.snapshot(
                 self.workers,
                 self.sinks,
                 owner=streams,
@@ -373,6 +385,20 @@ class Supervisor:
                 stalled=self.pool.stalled(),
                 stale_after_s=self.config.metrics.stale_after_s,
             )
+        if self.cluster is not None:
+            snap["cluster"] = self.cluster.status()
+        return snap
+
+    # -- what the cluster node asks of the supervisor (streamd.cluster.node.Host) ----------------------------
+    def running_streams(self) -> set[str]:
+        """Streams a worker still carries (removed ones until their worker has let them go)."""
+        return set(self.pool.owner) | set(self._moves.leaving)
+
+    def stream_positions(self, stream_ids: tuple[str, ...]) -> dict[str, Resume]:
+        return self.pool.resume_for(stream_ids)
+
+    def seed_positions(self, positions: dict[str, Resume]) -> None:
+        self.pool.seed_resume(positions)
 
     def _tick(self) -> None:
         """Four times a second on the main thread (also while a stop waits for the drain)."""
@@ -382,6 +408,8 @@ class Supervisor:
         self._reload_on_sighup()
         if self.api is not None and self.pool.announced and not self.stop.is_set():
             self.api.apply_pending()  # stream changes asked through the control API
+        if self.cluster is not None and self.pool.announced and not self.stop.is_set():
+            self.cluster.apply(self)  # streams this node took or gave up
         self._moves.advance()
         self._publish_health(now)
         self._report_status(now)

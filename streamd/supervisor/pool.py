@@ -164,6 +164,9 @@ class WorkerPool:
         self._clips: dict[str, tuple[threading.Event, list[str | None]]] = {}  # pending API clip requests
         self._clip_lock = threading.Lock()
         self.sink_set: SinkSet | None = None
+        # Whether a stream's lines may still be written (a cluster node that lost the stream or its lease
+        # writes none: streamd.cluster.node.ClusterNode.may_write); None: always.
+        self.fence: Callable[[str], bool] | None = None
         self.last_result_at = 0.0  # perf_counter: last result received
         # Held while counters move between a slot's stats and its base (or to the spare) and while a
         # snapshot sums them: a snapshot never counts them twice, so totals never go back.
@@ -212,6 +215,10 @@ class WorkerPool:
     def resume_for(self, stream_ids: tuple[str, ...]) -> dict[str, Resume]:
         """Where each of these streams continues (after its newest line written), for those that ran."""
         return {sid: self._resume[sid] for sid in stream_ids if sid in self._resume}
+
+    def seed_resume(self, positions: dict[str, Resume]) -> None:
+        """Where streams that ran elsewhere (another cluster node) continue here."""
+        self._resume.update(positions)
 
     def hand_over(self, old: WorkerSlot, successor: WorkerSlot) -> None:
         """A reload built a new model in ``successor`` (held, no streams) and ``old`` has finished: the
@@ -331,6 +338,8 @@ class WorkerPool:
         """One batch to the sinks, in order; each stream resumes after its newest frame written."""
         sink_set = self.sink_set
         assert sink_set is not None
+        if self.fence is not None:  # checked right before the lines go out
+            records = [rec for rec in records if self.fence(rec.stream_id)]
         for rec in records:
             sink_set.submit(rec.line, rec.stream_id)
         if not records:
