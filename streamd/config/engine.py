@@ -17,8 +17,10 @@ class EngineConfig:
     execution provider when onnxruntime-gpu sees a GPU, else the CPU)."""
 
     type: Literal["auto", "tensorrt", "torch", "onnxruntime"] = opt("auto", "the inference backend")
-    precision: Literal["fp32", "fp16", "int8"] = opt(
-        "fp16", "compute precision on the GPU (CPU backends run fp32); int8 needs tensorrt and a Q/DQ model"
+    precision: Literal["fp32", "fp16", "bf16", "int8"] = opt(
+        "fp16",
+        "compute precision on the GPU (CPU backends run fp32); bf16 needs engine.type torch; int8 needs "
+        "tensorrt and a Q/DQ model",
     )
     max_batch: int = opt(8, "largest batch the engine is built for (TensorRT profile max)", ge=1, le=256)
     device: int = opt(0, "CUDA device index", ge=0)
@@ -65,7 +67,18 @@ def parse_engine(raw: object, problems: Problems, base_dir: Path) -> EngineConfi
     )
     engine = EngineConfig(**given) if given is not None else EngineConfig()
     verify_int8_engine(engine, problems)
+    verify_bf16_engine(engine, problems)
     return engine
+
+
+def verify_bf16_engine(engine: EngineConfig, problems: Problems) -> None:
+    # Only the torch engine runs bfloat16 (TensorRT plans and ONNX Runtime's converter here are FP16 / FP32).
+    if engine.precision == "bf16" and engine.type != "torch" and problems.ok("engine.type"):
+        problems.add(
+            "engine.precision",
+            f"bf16 with engine.type {engine.type!r}: only the torch engine runs bfloat16; set engine.type: "
+            "torch, or use precision fp16",
+        )
 
 
 def verify_int8_engine(engine: EngineConfig, problems: Problems) -> None:

@@ -36,7 +36,7 @@ from streamd.exitcodes import EX_UNAVAILABLE, StartupError
 if TYPE_CHECKING:
     from streamd.gpu.cuda import Stream
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # bf16: the torch engine only
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ where TensorRT is not available).
 
 Conversion (``convert_model``): fixed batch 1 made dynamic when provably equivalent, onnxslim (if installed)
 folds Pads, ScatterND, Casts and shape arithmetic into constants, onnx2torch builds an ``fx.GraphModule``.
-Placement (``place``): weights on the GPU (FP16 with ``precision: fp16``, optionally channels-last), but the
+Placement (``place``): weights on the GPU (FP16 / BF16 with ``precision: fp16`` / ``bf16``, optionally channels-last), but the
 small integer/shape constants that converted ops read with ``.tolist()`` (Reshape shapes, Resize scales, Pad
 pads, Split sizes, ...) stay on the host: reading them then needs no device-to-host copy, which is what lets a
 CUDA graph capture the forward pass. Input and output stay FP32 whatever the precision.
@@ -187,14 +187,16 @@ def keep_constants_on_host(module: Any) -> list[str]:
     return moved
 
 
-def place(module: Any, device: Any, half: bool, channels_last: bool, host_constants: bool = True) -> Any:
-    """Move ``module`` to ``device`` (FP16 if ``half``; channels-last weights if asked), constants per
-    above."""
+def place(
+    module: Any, device: Any, low: Any | None, channels_last: bool, host_constants: bool = True
+) -> Any:
+    """Move ``module`` to ``device`` (its floating weights cast to ``low``, torch.float16 or torch.bfloat16,
+    when given; channels-last weights if asked), constants per above."""
     import torch
 
     module = module.to(device)
-    if half:
-        module = module.half()
+    if low is not None:
+        module = module.to(dtype=low)
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     if host_constants and device.type == "cuda":
@@ -267,7 +269,7 @@ class TorchEngine:
                 )
         self.device = torch.device("cpu") if on_cpu else torch.device("cuda", int(device))
         self.on_device = not on_cpu
-        self.half = precision == "fp16" and not on_cpu
+        self.half = precision in ("fp16", "bf16") and not on_cpu  # a 16-bit compute type
         self.channels_last = channels_last and not on_cpu
         self.cuda_graphs = cuda_graphs and not on_cpu
         if on_cpu and threads:
@@ -283,20 +285,21 @@ class TorchEngine:
         self.output_dtype = np.dtype(np.float32)
         self.batch_fixed = io.batch  # None: dynamic; else every call takes exactly this many rows
         self.max_batch = max_batch if io.batch is None else io.batch
-        self._compute_dtype = torch.float16 if self.half else torch.float32
-        self.name = f"torch-{'cpu' if on_cpu else 'cuda'}-{'fp16' if self.half else 'fp32'}"
+        low = (torch.bfloat16 if precision == "bf16" else torch.float16) if self.half else None
+        self._compute_dtype = low or torch.float32
+        self.name = f"torch-{'cpu' if on_cpu else 'cuda'}-{precision if self.half else 'fp32'}"
         rows = io.batch or 1
         probe = torch.from_numpy(
             np.random.default_rng(0).standard_normal((rows, *self.input_shape), np.float32)
         )
-        self.module = place(cpu_module, self.device, self.half, self.channels_last)
+        self.module = place(cpu_module, self.device, low, self.channels_last)
         try:
             out = self._forward(probe.to(self.device))
         except RuntimeError as exc:  # a constant kept on the host meets a device op: keep all on the device
             log.warning("torch engine: host shape constants do not fit this model (%s); no CUDA graphs", exc)
             self.cuda_graphs = False
             fresh = convert_model(model_path, max_batch, o.input_size)[0]
-            self.module = place(fresh, self.device, self.half, self.channels_last, host_constants=False)
+            self.module = place(fresh, self.device, low, self.channels_last, host_constants=False)
             out = self._forward(probe.to(self.device))
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
         if compile and self.on_device:
