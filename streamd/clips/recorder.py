@@ -211,6 +211,7 @@ class ClipRecorder:
             clip.bytes = sum(len(p.data) for p in packets)
             self._open.append(clip)
             self.clips += 1
+            log.info("stream %s: clip %s (%s at %.2f s)", self.stream_id, clip.path.name, reason, t)
             self._maybe_finish(self.ring.newest)
             return str(clip.path)
 

@@ -111,24 +111,33 @@ def assert_valid_clip(path: Path, asked_s: float, source: Path | None = None) ->
 
 
 class ListQueue:
-    """A stream thread's frame queue that hands each frame to ``on_frame`` (in the stream thread)."""
+    """A stream thread's frame queue that hands each frame to ``on_frame`` (in the stream thread); a False
+    from it stops the stream."""
 
     policy, capacity, hard_limit = "block", 4, 4
 
-    def __init__(self, on_frame: Callable[[Frame], None]) -> None:
+    def __init__(self, on_frame: Callable[[Frame], bool | None]) -> None:
         self.on_frame = on_frame
         self.closed = threading.Event()
+        self.done = threading.Event()  # on_frame said stop
 
     def put(self, frame: Frame, stop: threading.Event) -> bool:
-        self.on_frame(frame)
-        return not stop.is_set()
+        """False (the stream thread stops) when ``on_frame`` returns False or ``stop`` is set."""
+        if self.on_frame(frame) is False:
+            self.done.set()
+        return not self.done.is_set() and not stop.is_set()
 
     def close(self) -> None:
         self.closed.set()
 
 
 def run_reader(
-    cfg: StreamConfig, tap, on_frame: Callable[[Frame], None], *, demux: str = "auto", until: float = 120.0
+    cfg: StreamConfig,
+    tap,
+    on_frame: Callable[[Frame], bool | None],
+    *,
+    demux: str = "auto",
+    until: float = 120.0,
 ) -> StreamReader:
     """Read a stream through the real stream thread (demux, CPU decode) with ``tap`` as its packet tap,
     until it ends (files) or ``until`` seconds pass; ``on_frame`` sees each decoded frame."""
@@ -137,8 +146,10 @@ def run_reader(
     reader = StreamReader(cfg, q, stop, demux=demux)
     reader.packet_tap = tap
     reader.start()
-    if not q.closed.wait(until):
-        stop.set()
+    deadline = time.monotonic() + until
+    while not (q.closed.is_set() or q.done.is_set()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
     reader.join(timeout=30)
     deadline = time.monotonic() + 10
     while not q.closed.is_set() and time.monotonic() < deadline:

@@ -119,3 +119,34 @@ def test_the_writer_gets_packets_only(sources, tmp_path):
     (job,) = writer.jobs
     assert job.packets and all(type(p) is RingPacket and type(p.data) is bytes for p in job.packets)
     assert not any(isinstance(v, np.ndarray) for p in job.packets for v in (p.data, p.t, p.src))
+
+
+def test_a_clip_across_a_file_loop_keeps_time_going(sources, tmp_path):
+    """A looping file starts a new session at 0 s of its source; the clip continues on the stream's
+    timeline (20 s onwards) and still decodes cleanly."""
+    cfg = ClipsConfig(enabled=True, dir=str(tmp_path), pre_roll_s=PRE, post_roll_s=POST)
+    writer = ClipWriter()
+    writer.start()
+    rec = ClipRecorder("cam", cfg, writer)
+    paths: list[str | None] = []
+
+    def on_frame(frame: Frame) -> bool:
+        if frame.pts is None:
+            return True
+        if not paths and frame.pts >= 19.0:
+            paths.append(rec.trigger(frame.pts, "dwell"))
+        rec.seen(frame.pts)
+        return writer.written + writer.failed == 0  # False: the clip is out, the stream stops
+
+    stream = StreamConfig(id="cam", url=str(sources["h264"]), loop=True)
+    run_reader(stream, rec, on_frame, until=60)
+    writer.close()
+    assert writer.written == 1 and writer.failed == 0
+    assert_valid_clip(Path(paths[0]), PRE + POST)  # 16 .. 21 s: the last 4 s of one pass, 1 s of the next
+
+
+def test_a_full_queue_drops_the_clip_and_counts_it(tmp_path):
+    writer = ClipWriter(queue_clips=1)  # not started: nothing is taken off the queue
+    job = ClipJob(tmp_path / "a.mp4", [], 2**30, 3600.0)
+    assert writer.submit(job) and not writer.submit(job)
+    assert writer.dropped == 1
