@@ -254,8 +254,10 @@ class ClusterNode:
     def _move(self, way: str, sid: str, src: str, dst: str, why: str) -> None:
         (self.moves_in if way == "in" else self.moves_out)[why.split(":")[0]] += 1
         self.recent.append({"t": round(time.time(), 3), "stream": sid, "from": src, "to": dst, "reason": why})
-        arrow = f"{src or '?'} -> {dst or '?'}"
-        log.info("cluster: stream %s moved %s %s (%s)", sid, "in" if way == "in" else "out", arrow, why)
+        if way == "in":
+            log.info("cluster: stream %s moved to %s from %s: %s", sid, dst, src or "nowhere", why)
+        else:
+            log.info("cluster: stream %s moved off %s: %s", sid, src, why)
 
     # -- the supervisor's side (main thread) -----------------------------------------------------------------
     def apply(self, host: Host) -> None:

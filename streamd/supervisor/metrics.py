@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from streamd.cluster.report import cluster_families
 from streamd.latency import LATENCY_BUCKETS_MS
 from streamd.supervisor.health import HEALTHS
 from streamd.supervisor.health import stream_health as derive_health
@@ -325,6 +326,7 @@ class SnapshotCollector:
         yield crossings
         yield from _sink_families(snap)
         yield from _worker_families(snap)
+        yield from cluster_families(snap.get("cluster"))  # nodes, leases, moves (cluster: only)
 
 
 def _gauge(name: str, help_text: str, value: float) -> Metric:

@@ -232,6 +232,7 @@ class MetricsServer:
             "health": info["status"],
             "down_streams": info["down_streams"],
             "streams": rows,
+            "cluster": snap.get("cluster"),  # nodes, their streams, lease ages, moves (None: no cluster)
         }
 
     @staticmethod

@@ -3,7 +3,8 @@
 It polls ``/api/status`` every second for the table (per stream: state, health and why it is down, the age
 of its last packet, marked STALE past the threshold, its line counters and its last error) and reloads each
 stream's snapshot every two seconds (the server encodes at most a few JPEGs per stream per second, however
-many pages are open)."""
+many pages are open). With ``cluster:`` on, a table of the nodes (their streams, lease ages) and this
+node's recent moves sits above it."""
 
 STATUS_PAGE = """<!doctype html>
 <html lang="en">
@@ -27,6 +28,7 @@ STATUS_PAGE = """<!doctype html>
 <body>
 <h1>streamd</h1>
 <p id="summary">loading…</p>
+<div id="cluster"></div>
 <table id="streams">
   <thead><tr><th>stream</th><th>state</th><th>health</th><th>last packet</th><th>fps</th><th>decoded</th>
   <th>dropped</th><th>latency ms</th><th>reconnects</th><th>worker</th><th>lines (in / out)</th>
@@ -45,6 +47,26 @@ function crossings(c) {  // {line: {class: {in: n, out: n}}} -> "street person 3
   }
   return rows.length ? rows.join("; ") : null;
 }
+function clusterView(c) {  // cluster: on: nodes, their streams and leases, this node's recent moves
+  const box = document.getElementById("cluster");
+  if (!c) { box.replaceChildren(); return; }
+  const lines = [["node", "capacity", "streams", "lease age s", "lease left s"]];
+  for (const [name, n] of Object.entries(c.nodes || {})) {
+    lines.push([name + (name === c.node ? " (this node)" : ""), n.capacity, n.streams.join(" "),
+      n.lease_age_s, n.lease_left_s]);
+  }
+  const table = document.createElement("table"); table.id = "cluster-nodes";
+  for (const [k, l] of lines.entries()) {
+    const row = k ? table.insertRow() : table.createTHead().insertRow();
+    for (const v of l) { cell(row, v); }
+  }
+  const moves = document.createElement("p"); moves.id = "cluster-moves";
+  moves.textContent = "cluster: node " + c.node + (c.lease_valid ? "" : " — LEASE LOST (fenced)")
+    + ", lease renewed " + c.lease_age_s + " s ago; recent moves: "
+    + ((c.recent_moves || []).map(m => m.stream + " " + (m.from || "?") + "→" + (m.to || "?")
+      + " (" + m.reason + ")").join("; ") || "none");
+  box.replaceChildren(table, moves);
+}
 function cell(row, text, cls) {
   const td = row.insertCell(); td.textContent = text === null || text === undefined ? "–" : text;
   if (cls) td.className = cls;
@@ -59,6 +81,7 @@ async function refresh() {
       + (s.health && s.health !== "ok" ? " — " + s.health.toUpperCase() : "")
       + (down.length ? ": " + down.map(([id, why]) => id + " (" + why + ")").join(", ") : "");
     summary.className = s.health || "";
+    clusterView(s.cluster);
     const body = document.querySelector("#streams tbody");
     body.replaceChildren();
     const frames = document.getElementById("frames");
