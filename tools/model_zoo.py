@@ -37,6 +37,12 @@ FAMILIES = {
     "ssdlite": "torchvision ssdlite320_mobilenet_v3_large: its own export + a batched boxes/scores wrapper",
     "tfod-ssdlite": "4 outputs imitating the TF Object Detection API contract, from the SSDlite wrapper",
 }
+ABOUT = (
+    "Built by tools/model_zoo.py from the packages' own model definitions with seeded random weights "
+    "(BatchNorm statistics from the bundled clip, class-score bias shifted: see docs/model_zoo.md); "
+    "meaningless as detectors, for layout/engine/equivalence tests only. 'probe' = ONNX Runtime CPU on one "
+    "frame of the clip."
+)
 DEFAULT_SIZE = {"ssdlite": 320, "tfod-ssdlite": 320}
 TINY_SIZE = 160
 
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, what in FAMILIES.items():
             print(f"{name:14s} {what}")
         return 0
+    shown_out = str(args.out)
+    args.out = args.out.resolve()  # Ultralytics exports inside a scratch working directory
     names = list(FAMILIES) if args.family == "all" else [args.family]
     manifest_path = args.out / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text()) if args.manifest and manifest_path.exists() else {}
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "--static-batch",
             str(static or 0),
             "--out",
-            str(args.out),
+            shown_out,
         ]
         for built in build_one(name, size, seed, shift, static, args):
             mb = built.path.stat().st_size / 1e6
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 files[built.path.name] = {"seed": seed, **record(built, size, shlex.join(command))}
                 print("   probe:", json.dumps(files[built.path.name]["probe"]), flush=True)
     if args.manifest:
+        manifest["about"] = ABOUT
         manifest["files"] = dict(sorted(files.items()))
         manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
@@ -160,22 +169,23 @@ def main(argv: list[str] | None = None) -> int:
 # chosen so the files leave some detections above 0.05-0.3 on a real frame (MANIFEST.json "probe" records it).
 # SSDlite is a softmax model: its entry is a gain on the class-logit weights instead (zoo/tv.py _sharpen).
 SCORE_SHIFT: dict[tuple[str, bool], float] = {
-    **{
-        (name, tiny): shift
-        for name, shift in (
-            ("yolov8s", 7.5),
-            ("yolo11s", 7.5),
-            ("yolo26s", 6.5),
-            ("yolov10s", 0.0),
-            ("rtdetr-l", 2.0),
-            ("yolox-s", 4.0),
-        )
-        for tiny in (False, True)
-    },
-    ("ssdlite", True): 5.0,
-    ("tfod-ssdlite", True): 5.0,
+    # (family, tiny): 640 / 320 files first, then the 160 tiny ones
+    ("yolov8s", False): 6.0,
+    ("yolo11s", False): 6.0,
+    ("yolo26s", False): 4.0,
+    ("yolov10s", False): 4.5,
+    ("rtdetr-l", False): 1.5,
+    ("yolox-s", False): 2.5,
     ("ssdlite", False): 1.5,
     ("tfod-ssdlite", False): 1.5,
+    ("yolov8s", True): 7.0,
+    ("yolo11s", True): 7.0,
+    ("yolo26s", True): 6.5,
+    ("yolov10s", True): 0.0,
+    ("rtdetr-l", True): 2.0,
+    ("yolox-s", True): 3.5,
+    ("ssdlite", True): 5.0,
+    ("tfod-ssdlite", True): 5.0,
 }
 
 if __name__ == "__main__":

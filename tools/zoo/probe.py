@@ -85,9 +85,11 @@ def run(path: Path, family: str, variant: str, frame_bgr: np.ndarray, kind: str,
     results = sess.run(None, {inp.name: feed})
     outputs = {o.name: r for o, r in zip(sess.get_outputs(), results, strict=True)}
     scores = scores_of(family, variant, outputs)
+    census = {f"{t:g}": int((scores > t).sum()) for t in THRESHOLDS}
     return {
         "ran": ran,
         "output_shapes": {k: list(v.shape) for k, v in outputs.items()},
         "max_score": round(float(scores.max()), 4) if scores.size else 0.0,
-        "detections_above": {f"{t:g}": int((scores > t).sum()) for t in THRESHOLDS},
+        "detections_above": census,  # candidates before NMS (after it, for the standard SSDlite export)
+        "highest_threshold_with_detections": max((t for t in THRESHOLDS if census[f"{t:g}"]), default=None),
     }
