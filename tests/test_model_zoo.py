@@ -57,6 +57,8 @@ def confidence(entry: dict[str, Any], out: dict[str, np.ndarray], image: int) ->
     family = entry["family"]
     if family in ("yolov8s", "yolo11s"):
         return out["output0"][image, 4:, :].max(axis=0)
+    if family == "rtdetr-l-raw":
+        return out["output0"][image, :, 4:].max(axis=1)
     if family in ("yolo26s", "yolov10s", "rtdetr-l"):
         return out["output0"][image, :, 4]
     if family == "yolox-s":
@@ -80,6 +82,7 @@ def test_manifest_covers_every_committed_file() -> None:
         "yolo26s",
         "yolov10s",
         "rtdetr-l",
+        "rtdetr-l-raw",
         "yolox-s",
         "ssdlite",
         "tfod-ssdlite",
@@ -171,3 +174,19 @@ def test_tfod_file_keeps_the_tf_od_contract() -> None:
         assert np.all(
             (classes[:count] >= 1) & (classes[:count] <= 90) & (classes[:count] == np.round(classes[:count]))
         )
+
+
+def test_rtdetr_topk_export_is_the_raw_queries_top_pairs() -> None:
+    """Same seed, same model: Ultralytics' [B,300,6] export holds the best (query, class) pairs of the raw
+    [B,300,4+80] queries, with the query's box, in descending score order."""
+    raw = next(n for n, e in MANIFEST.items() if e["family"] == "rtdetr-l-raw")
+    topk = next(n for n, e in MANIFEST.items() if e["family"] == "rtdetr-l" and e["variant"] == "dynamic")
+    size = MANIFEST[raw]["input_size"][0]
+    picture = tensor(frame(30), size, bgr255=False)[None]
+    queries, pairs = run(raw, picture)["output0"][0], run(topk, picture)["output0"][0]
+    flat = queries[:, 4:].ravel()
+    order = np.argsort(-flat, kind="stable")[:20]
+    np.testing.assert_allclose(pairs[:20, 4], flat[order], atol=1e-5)
+    np.testing.assert_array_equal(pairs[:20, 5], order % 80)
+    np.testing.assert_allclose(pairs[:20, :4], queries[order // 80, :4], atol=1e-5)
+    assert np.all((queries[:, :2] >= 0) & (queries[:, :2] <= 1)), "centres normalised"

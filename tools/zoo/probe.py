@@ -53,6 +53,8 @@ def scores_of(family: str, variant: str, outputs: dict[str, np.ndarray]) -> np.n
     """Per-candidate confidence of image 0, read the way each family's own post-processing reads it."""
     if family in ("yolov8s", "yolo11s"):
         return outputs["output0"][0, 4:, :].max(axis=0)
+    if family == "rtdetr-l-raw":
+        return outputs["output0"][0, :, 4:].max(axis=1)
     if family in ("yolo26s", "yolov10s", "rtdetr-l"):
         return outputs["output0"][0, :, 4]
     if family == "yolox-s":

@@ -29,6 +29,7 @@ class UltraFamily:
     yaml: str  # model YAML inside the ultralytics package
     detr: bool = False  # RTDETR(...) instead of YOLO(...)
     end2end: bool = False  # export with nms=False: Ultralytics' switch for the NMS-free one-to-one head
+    raw_detr: bool = False  # RT-DETR without the head's top-k step: [B, queries, 4 + classes]
     notes: str = ""
 
 
@@ -57,6 +58,16 @@ FAMILIES = {
             notes="output0 [B, 300, 6] (this Ultralytics version): cx,cy,w,h normalised 0..1, score "
             "(sigmoid), class index (float); the head's own top-300 over queries x classes, so one query "
             "can appear with several classes; no NMS needed",
+        ),
+        UltraFamily(
+            "rtdetr-l-raw",
+            "rtdetr-l.yaml",
+            detr=True,
+            raw_detr=True,
+            notes="output0 [B, 300, 4+80]: per query cx,cy,w,h normalised 0..1, then 80 class scores already "
+            "sigmoid; the layout of Ultralytics <= 8.3 RT-DETR exports (and of DETR-family exports in "
+            "general): the same model as rtdetr-l with its head's top-k step bypassed (zoo/ultra.py "
+            "_keep_all_queries); no NMS needed",
         ),
     )
 }
@@ -109,6 +120,15 @@ def _shrink_detr(cfg: dict[str, Any], width: float) -> None:
             row[3] = [row[3][0], 32, 300, 4, 4, 2, 64]
 
 
+def _keep_all_queries(head: Any) -> None:
+    """RT-DETR's decoder hands (boxes [B,Q,4] cx,cy,w,h normalised, sigmoid scores [B,Q,C]) to `postprocess`,
+    which in this Ultralytics version picks the top 300 (query, class) pairs; concatenating them instead gives
+    the [B, Q, 4+C] layout older Ultralytics versions exported."""
+    import torch
+
+    head.postprocess = lambda boxes, scores: torch.cat([boxes, scores], dim=-1)
+
+
 def build(
     name: str, size: int, tiny: bool, seed: int, out: Path, static_batch: int | None, score_shift: float
 ) -> list[Built]:
@@ -131,6 +151,8 @@ def build(
             seed_everything(seed)  # same weights in both files
             model = ctor(source)
             calibrate_batchnorm(model.model, calibration)
+            if family.raw_detr:
+                _keep_all_queries(model.model.model[-1])
             if score_shift:
                 attrs = ("dec_score_head", "enc_score_head") if family.detr else ("cv3", "one2one_cv3")
                 shift_score_bias(model.model.model[-1], attrs, score_shift)
