@@ -58,19 +58,43 @@ def config_text(
     extra: str = "",
     realtime: bool = True,
     devices: tuple[int, ...] = (),
+    model: Path = MODEL,
+    model_keys: tuple[str, ...] = (),
+    input_size: tuple[int, int] | None = None,
+    detect_fps: float | None = None,
+    fill_skipped: bool = True,
+    precision: str | None = None,
+    compile: bool = False,
+    lanes: int = 1,
 ) -> str:
+    """``model_keys``: extra ``model:`` lines ("key: value"); ``detect_fps`` on every stream, with tracking's
+    ``fill_skipped`` (every decoded frame then has a line, so frame-index gaps stay exact drops)."""
     pace = "true" if realtime else "false"
     if devices:  # workers round robin over these GPUs
         extra += f"  devices: [{', '.join(map(str, devices))}]\n"
+    rate = f"    detect_fps: {detect_fps}\n" if detect_fps else ""
     streams = "".join(
-        f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: {pace}\n    loop: true\n" for i in range(n)
+        f"  - id: cam{i:03d}\n    url: {clip}\n    realtime: {pace}\n    loop: true\n{rate}" for i in range(n)
     )
+    model_lines = f"  path: {model}\n"
+    if input_size:
+        model_lines += f"  input_size: [{input_size[0]}, {input_size[1]}]\n"
+    model_lines += "".join(f"  {k}\n" for k in model_keys)
+    precision = precision or ("fp16" if engine != "onnxruntime" else "fp32")
+    engine_lines = f"  type: {engine}\n  precision: {precision}\n  max_batch: 64\n"
+    if compile:
+        engine_lines += "  compile: true\n"
+    if lanes != 1:
+        engine_lines += f"  lanes: {lanes}\n"
+    tracking = ""
+    if detect_fps and fill_skipped and "tracking:" not in extra:
+        tracking = "tracking:\n  enabled: true\n  fill_skipped: true\n"
     return (
         f"streams:\n{streams}"
-        f"model:\n  path: {MODEL}\n"
-        f"engine:\n  type: {engine}\n  precision: {'fp16' if engine != 'onnxruntime' else 'fp32'}\n"
-        "  max_batch: 64\n"
+        f"model:\n{model_lines}"
+        f"engine:\n{engine_lines}"
         f"pipeline:\n  batch_size: {batch}\n  workers: {workers}\n{extra}"
+        f"{tracking}"
         f"sinks:\n  - type: jsonl\n    path: {out}\n    queue_size: 200000\n"
         "log_level: info\n"
     )
@@ -212,9 +236,12 @@ class Tail:
 
 def slim(r: dict) -> dict:
     """What the figures need of a line (a soak keeps ~1 M of them in memory)."""
-    lat = r["latency_ms"]
-    return {"stream": r["stream"], "frame": r["frame"], "time": r["time"],
-            "latency_ms": {"arrival": lat.get("arrival", lat["total"])}}  # fmt: skip
+    lat = r.get("latency_ms") or {}
+    out = {"stream": r["stream"], "frame": r["frame"], "time": r["time"],
+           "latency_ms": {"arrival": lat.get("arrival", lat.get("total"))}}  # fmt: skip
+    if r.get("predicted"):  # a skipped frame's tracker line (detect_fps + fill_skipped): not a detection
+        out["predicted"] = True
+    return out
 
 
 def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) -> dict:
@@ -228,7 +255,10 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     for frames in per_stream.values():
         frames.sort()
         gaps += sum(b - a - 1 for a, b in itertools.pairwise(frames) if b > a + 1)
-    lat = np.array([r["latency_ms"]["arrival"] for r in inside] or [0.0])
+    # latency of the detected frames (a predicted line of a skipped frame waits for its neighbours instead)
+    detected = [r for r in inside if not r.get("predicted")]
+    lat = np.array([r["latency_ms"]["arrival"] for r in detected if r["latency_ms"]["arrival"] is not None])
+    lat = lat if lat.size else np.array([0.0])
     counts = [len(per_stream.get(f"cam{i:03d}", [])) for i in range(n)]
     fair = (min(counts) / seconds) / fps if counts else 0.0
     # Max-min fair share with equal demands: each stream's offered fps, or an equal split of what was
@@ -251,6 +281,7 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
         "min_fair_share": round(fair_share, 3),
         "max_stream_share": round((max(counts) / seconds) / fps, 3) if counts and np.isfinite(fps) else None,
         "streams_seen": len(per_stream),
+        "detected_fps": round(len(detected) / seconds, 1),
     }
 
 
@@ -274,8 +305,13 @@ def live_run(
     text = config_text(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
         extra="" if spare else "  spare_worker: false\n", realtime=realtime, devices=tuple(args.devices),
+        model=args.model, model_keys=tuple(args.model_key), detect_fps=args.detect_fps,
+        input_size=tuple(args.input_size) if args.input_size else None, fill_skipped=not args.no_fill_skipped,
+        precision=args.precision, compile=args.compile, lanes=args.lanes,
     )  # fmt: skip
-    cfg.write_text(text + extra)
+    filled = bool(args.detect_fps) and not args.no_fill_skipped
+    # detect_fps with fill_skipped: the config has tracking on already (a second tracking: key is invalid)
+    cfg.write_text(text + ("" if filled and extra.startswith("tracking:") else extra))
     d = Daemon(cfg)
     # Unpaced (realtime: false) files wait for room instead of dropping: what is delivered is the capacity.
     offered = n * args.fps if realtime else 0.0
@@ -284,6 +320,12 @@ def live_run(
         row["devices"] = list(args.devices)
     if extra:
         row["extra"] = extra.strip()
+    if args.model != MODEL:
+        row["model"] = args.model.name
+    if args.detect_fps:
+        row["detect_fps"], row["fill_skipped"] = args.detect_fps, filled
+    # a stream's lines per second: every frame's, or (skipped frames without lines) the detection rate
+    per_stream_fps = args.fps if filled or not args.detect_fps else min(args.fps, args.detect_fps)
     try:
         if d.wait_for(r"streamd: ready", args.start_timeout) is None:
             row["error"] = "not ready: " + "".join(d.log)[-1500:]
@@ -338,7 +380,7 @@ def live_run(
             records = history
         else:
             records = read_records(out)
-        row.update(window_stats(records, t0, t1, n, args.fps if realtime else float("inf")))
+        row.update(window_stats(records, t0, t1, n, per_stream_fps if realtime else float("inf")))
         row["host_cpu_ms_per_frame"] = round(cpu * 1e3 / max(1, row["delivered_fps"] * (t1 - t0)), 3)
         last = samples[-1] if samples else {"rss_mb": {}, "gpu_mb": {}}
         row["rss_mb_max_process"] = max(last["rss_mb"].values() or [0])
@@ -356,6 +398,11 @@ def live_run(
         (args.out / name).write_text("".join(d.log))  # the whole log, for logs.tgz
         summary = [line.strip() for line in d.log if "streamd: done" in line]
         row["summary"] = summary[-1] if summary else "".join(d.log)[-600:]
+        if args.detect_fps and not filled and "drops_in_window" in row:
+            # skipped frames leave index gaps: the drops are the daemon's count (whole run, not the window)
+            done = re.findall(r"(\d+) dropped after decode", row["summary"])
+            row["drops_in_window"] = int(done[-1]) if done else None
+            row["drops_source"] = "daemon count, whole run"
     return row
 
 
@@ -665,6 +712,30 @@ def main() -> int:
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--engine", default="torch", help="onnxruntime: a CPU smoke test of this script")
+    ap.add_argument("--model", type=Path, default=MODEL, help="ONNX model (default: the bundled NanoDet)")
+    ap.add_argument(
+        "--model-key", action="append", default=[], metavar="'KEY: VALUE'",
+        help="an extra model: line of the generated config, e.g. 'layout: yolov8' (repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--input-size", type=int, nargs=2, metavar=("W", "H"), default=None, help="model.input_size"
+    )
+    ap.add_argument(
+        "--detect-fps", type=float, default=None,
+        help="streams[].detect_fps; with tracking.fill_skipped on (every frame keeps a line, so frame gaps "
+        "stay drops) unless --no-fill-skipped",
+    )  # fmt: skip
+    ap.add_argument(
+        "--no-fill-skipped", action="store_true",
+        help="with --detect-fps: no predicted lines; drops are then the daemon's count over the whole run",
+    )  # fmt: skip
+    ap.add_argument(
+        "--precision", default=None, choices=["fp32", "fp16", "bf16", "int8"],
+        help="engine.precision (default fp16; onnxruntime fp32)",
+    )  # fmt: skip
+    ap.add_argument("--compile", action="store_true", help="engine.compile: true")
+    ap.add_argument("--p99-ms", type=float, default=50.0, help="p99 limit of the largest clean N")
+    ap.add_argument("--lanes", type=int, default=1, help="engine.lanes")
     ap.add_argument("--workers", default="auto")
     ap.add_argument(
         "--also-workers",
@@ -738,11 +809,13 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.clip = args.clip.resolve()  # the configs live elsewhere: relative paths would not resolve
+    args.model = args.model.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": os.environ.get("STREAMD_COMMIT", "?"),
         "clip": args.clip.name,
+        "model": args.model.name,
     }
     tmp_root = args.tmp or (Path("/dev/shm") if Path("/dev/shm").exists() else None)
     with tempfile.TemporaryDirectory(dir=tmp_root) as tmp_s:
@@ -821,7 +894,8 @@ def main() -> int:
                         print(f"pipelined ({kind} frames) failed: {exc!r}", flush=True)
                 print(json.dumps(results["pipelined"]), flush=True)
     if results.get("ramp"):
-        results["largest_clean_streams"] = largest_clean(results["ramp"])
+        results["p99_limit_ms"] = args.p99_ms
+        results["largest_clean_streams"] = largest_clean(results["ramp"], args.p99_ms)
     (args.out / "bench_live.json").write_text(json.dumps(results, indent=1))
     (args.out / "bench_live.md").write_text(markdown(results))
     print(markdown(results))
@@ -861,7 +935,11 @@ def markdown(r: dict) -> str:
         lines += [f"highest ceiling / unpaced capacity: {r['overload_reference_fps']} fps", ""]
     rows = ([r["single"]] if "single" in r else []) + r.get("capacity", []) + r.get("ramp", [])
     if r.get("ramp"):
-        lines += [f"largest N with 0 drops and p99 <= 50 ms: **{largest_clean(r['ramp'])}**", ""]
+        limit = r.get("p99_limit_ms", 50.0)
+        lines += [
+            f"largest N with 0 drops and p99 <= {limit:g} ms: **{largest_clean(r['ramp'], limit)}**",
+            "",
+        ]
     if rows:
         lines += [
             "| streams | workers | offered fps | delivered fps | slowest / fastest 1 s | drops | p50 ms "
@@ -875,6 +953,8 @@ def markdown(r: dict) -> str:
                 continue
             gpu = x.get("gpu_mb_per_process") or []
             label = f"{x['streams']}" + (" (tracking)" if "tracking" in x.get("extra", "") else "")
+            if x.get("detect_fps"):
+                label += f" (detect_fps {x['detect_fps']:g}{', filled' if x.get('fill_skipped') else ''})"
             if x.get("devices"):
                 label += f" (GPUs {', '.join(map(str, x['devices']))})"
             offered = f"{x['offered_fps']:.0f}" if x.get("realtime", True) else "unpaced"
