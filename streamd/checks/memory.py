@@ -1,0 +1,189 @@
+"""Will the config fit the GPU's memory? ``streamd check`` estimates the device memory the daemon will hold on
+each GPU — per worker process, per camera, per engine — and warns (a warning line, not a problem) when the
+estimate passes the GPU's total. Nothing here touches CUDA: the total comes from NVML (nvidia-ml-py, if
+importable) or ``nvidia-smi``; with neither (no GPU) the estimate is skipped with a note.
+
+The constants are placeholders from the H200 figures in bench/RESULTS.md (nvidia-smi per process, live
+1080p30 H.264, bundled NanoDet, fp16, torch engine, NVDEC); ``bench/bench_memory.py`` measures them again
+(issue 26) and each constant names the row it comes from. The estimate is a sizing aid, not a promise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamd.config import Config, StreamConfig
+
+# One worker process with nothing but its CUDA context, torch, the kernels and a small engine: the 14:37 row
+# of bench/RESULTS.md's live table (1 stream, batch 4, after gc.freeze: 1,602 MB per worker), less that
+# engine's activations at batch 4 (~40 MB by ACTIVATION_MB_PER_MPIX).
+WORKER_BASE_MB = 1550.0
+# One 1080p camera on NVDEC (decoder surfaces, its frame queue, its share of the ring): the 120- and
+# 175-stream rows (14:10) held 2,520-2,612 MB per worker at 15 streams and 2,935-3,483 MB at 22, i.e.
+# (worker - base - engine) / streams ≈ 50 MB. Scaled by pixel count for other sizes.
+CAMERA_MB_1080P = 50.0
+# Engine activations + CUDA graph pool per image of the batch, per megapixel of model input, fp16:
+# placeholder fitted to the same rows (NanoDet 416x416 at batch 32 ≈ 330 MB); fp32 doubles it.
+ACTIVATION_MB_PER_MPIX = 60.0
+# A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
+HEADROOM = 0.9
+PIXELS_1080P = 1920 * 1080
+STREAMS_PER_WORKER = 16  # streamd.supervisor.pool's ``workers: auto`` rule (a test keeps the two equal)
+
+
+@dataclass
+class MemoryReport:
+    """``warnings``: the config will not fit (a line each); ``notes``: the estimate, or why none was made."""
+
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    per_device_mb: dict[int, float] = field(default_factory=dict)
+
+
+def gpu_totals_mb() -> dict[int, float] | None:
+    """Total memory per GPU index in MiB (NVML, else nvidia-smi); None when neither sees a GPU."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            return {
+                i: pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2**20
+                for i in range(count)
+            } or None
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # not installed, no driver, no device: ask nvidia-smi
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    totals = {}
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                totals[int(parts[0])] = float(parts[1])
+            except ValueError:
+                continue
+    return totals or None
+
+
+def worker_count(config: Config) -> int:
+    """Worker processes ``run`` starts (pipeline.workers; ``auto`` as the supervisor resolves it on a GPU)."""
+    n_streams = len(config.streams)
+    want = config.pipeline.workers
+    if want == "auto":
+        want = min(math.ceil(n_streams / STREAMS_PER_WORKER), max(1, (os.cpu_count() or 1) // 2))
+    return max(1, min(int(want), n_streams))
+
+
+def camera_pixels(config: Config) -> list[int]:
+    """Pixels per stream: a file's own size (read from its header), else 1080p (a live stream's size is only
+    known once it sends pictures)."""
+    sizes: dict[Path, int] = {}
+    out = []
+    for stream in config.streams:
+        if stream.is_live or stream.path is None:
+            out.append(PIXELS_1080P)
+            continue
+        if stream.path not in sizes:
+            sizes[stream.path] = _file_pixels(stream) or PIXELS_1080P
+        out.append(sizes[stream.path])
+    return out
+
+
+def _file_pixels(stream: StreamConfig) -> int | None:
+    from streamd.ingest.sources import SourceError, open_stream
+
+    try:
+        demuxer = open_stream(stream)
+    except SourceError:
+        return None
+    try:
+        return demuxer.info.width * demuxer.info.height or None
+    finally:
+        demuxer.close()
+
+
+def engine_mb(config: Config) -> float:
+    """One engine in one worker: weights (the ONNX file's size, halved at 16 bits) plus activations and graph
+    pools per lane at max batch."""
+    e, m = config.engine, config.model
+    bits16 = e.precision in ("fp16", "bf16", "int8")
+    try:
+        weights = os.path.getsize(m.path) / 2**20 * (0.5 if bits16 else 1.0)
+    except OSError:  # check --no-model: the file may not be here
+        weights = 0.0
+    w, h = m.input_size
+    batch = max(config.pipeline.batch_size, 1)
+    per_image = ACTIVATION_MB_PER_MPIX * (w * h / 1e6) * (1.0 if bits16 else 2.0)
+    return weights + per_image * batch * e.lanes
+
+
+def estimate(config: Config, pixels: list[int] | None = None) -> dict[int, float]:
+    """Estimated MiB per CUDA device: workers round robin over the devices as ``run`` places them, each with
+    its base, its engine and its cameras; plus the spare worker per device in use (2+ workers)."""
+    pixels = camera_pixels(config) if pixels is None else pixels
+    n = worker_count(config)
+    devices = config.pipeline.devices or (config.engine.device,)
+    engine = engine_mb(config)
+    per_device: dict[int, float] = {}
+    for k in range(n):
+        cams = pixels[k::n]
+        mb = WORKER_BASE_MB + engine + sum(CAMERA_MB_1080P * p / PIXELS_1080P for p in cams)
+        dev = devices[k % len(devices)]
+        per_device[dev] = per_device.get(dev, 0.0) + mb
+    if n >= 2 and config.pipeline.spare_worker:
+        for dev in set(devices[k % len(devices)] for k in range(n)):
+            per_device[dev] += WORKER_BASE_MB + engine
+    return per_device
+
+
+def check_memory(
+    config: Config, totals: Callable[[], dict[int, float] | None] = gpu_totals_mb
+) -> MemoryReport:
+    """The estimate against each GPU's total (``totals``: MiB per device index; tests pass their own)."""
+    report = MemoryReport()
+    if config.engine.type == "onnxruntime" and config.pipeline.decoder == "cpu":
+        return report  # nothing of ours on a GPU
+    sizes = totals()
+    if not sizes:
+        report.notes.append("no GPU visible (NVML / nvidia-smi): GPU memory estimate skipped")
+        return report
+    report.per_device_mb = estimate(config)
+    workers = worker_count(config)
+    for dev, mb in sorted(report.per_device_mb.items()):
+        total = sizes.get(dev)
+        if total is None:
+            continue  # a device that does not exist is the engine's config error at run
+        text = (
+            f"GPU {dev}: estimated {mb / 1024:.1f} GiB of {total / 1024:.1f} GiB for {len(config.streams)} "
+            f"stream(s) over {workers} worker(s) (≈{WORKER_BASE_MB / 1024:.1f} GiB per worker + "
+            f"{engine_mb(config):.0f} MiB engine + ≈{CAMERA_MB_1080P:.0f} MiB per 1080p camera)"
+        )
+        if mb > total:
+            report.warnings.append(
+                f"{text}: will not fit; use fewer streams or workers (pipeline.workers), a smaller "
+                "pipeline.batch_size or model.input_size, pipeline.spare_worker: false, or more GPUs "
+                "(pipeline.devices)"
+            )
+        elif mb > HEADROOM * total:
+            report.notes.append(f"{text}: little headroom")
+        else:
+            report.notes.append(text)
+    return report

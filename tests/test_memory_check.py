@@ -1,0 +1,100 @@
+"""`streamd check` estimates the GPU memory a config needs (per worker, per camera, per engine) and warns when
+it will not fit the GPU: with a fake GPU size (a function, and a fake nvidia-smi on PATH for the CLI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamd.checks import memory
+from streamd.checks.memory import check_memory, estimate, worker_count
+from streamd.config import load_config
+from tests.conftest import CLIP, ROOT
+
+MODEL = ROOT / "models" / "nanodet-coco.onnx"
+
+
+def _config(tmp_path: Path, streams: int, pipeline: str = "", engine: str = ""):
+    cams = "".join(f"  - id: c{i}\n    url: {CLIP}\n" for i in range(streams))
+    text = f"streams:\n{cams}model:\n  path: {MODEL}\nengine:\n  type: torch\n{engine}pipeline:\n{pipeline}"
+    path = tmp_path / "c.yaml"
+    path.write_text(text + ("  batch_size: 8\n" if "batch_size" not in pipeline else ""))
+    return load_config(path), path
+
+
+@pytest.mark.parametrize(
+    ("streams", "workers"), [(1, "auto"), (20, "auto"), (40, "auto"), (40, "3"), (2, "5")]
+)
+def test_worker_count_is_the_supervisors(tmp_path, monkeypatch, streams: int, workers: str) -> None:
+    from streamd.supervisor import pool
+
+    monkeypatch.setattr(pool, "gpu_present", lambda: True)  # auto counts workers as on a GPU box
+    config, _ = _config(tmp_path, streams, f"  workers: {workers}\n")
+    assert worker_count(config) == len(pool.plan_workers(config))
+    assert memory.STREAMS_PER_WORKER == pool.STREAMS_PER_WORKER
+
+
+def test_estimate_adds_workers_engines_cameras_and_the_spare(tmp_path) -> None:
+    config, _ = _config(tmp_path, 4, "  workers: 2\n")
+    # By hand from the documented constants: the clip is 768x576; the model 416x416, fp16, batch 8, 1 lane.
+    engine = MODEL.stat().st_size / 2**20 / 2 + 60.0 * (416 * 416 / 1e6) * 8
+    camera = 50.0 * 768 * 576 / (1920 * 1080)
+    worker = 1550.0 + engine + 2 * camera
+    got = estimate(config)
+    assert list(got) == [0]
+    assert got[0] == pytest.approx(2 * worker + 1550.0 + engine)  # two workers and the spare, all on GPU 0
+    no_spare, _ = _config(tmp_path, 4, "  workers: 2\n  spare_worker: false\n")
+    assert estimate(no_spare)[0] == pytest.approx(2 * worker)
+    spread, _ = _config(tmp_path, 4, "  workers: 2\n  devices: [0, 1]\n")
+    # one worker per GPU, and a spare on each GPU in use
+    assert estimate(spread) == pytest.approx({0: worker + 1550.0 + engine, 1: worker + 1550.0 + engine})
+
+
+def test_a_bigger_batch_input_and_fp32_cost_more(tmp_path) -> None:
+    small, _ = _config(tmp_path, 1, "  batch_size: 8\n")
+    big, _ = _config(tmp_path, 1, "  batch_size: 32\n", "  max_batch: 32\n")
+    fp32, _ = _config(tmp_path, 1, "  batch_size: 8\n", "  precision: fp32\n")
+    assert memory.engine_mb(small) < memory.engine_mb(big) and memory.engine_mb(small) < memory.engine_mb(
+        fp32
+    )
+
+
+def test_a_config_too_big_for_the_gpu_gets_a_warning(tmp_path) -> None:
+    config, _ = _config(tmp_path, 40, "  workers: 4\n")
+    need = estimate(config)[0]
+    small = check_memory(config, totals=lambda: {0: need * 0.8})
+    (warning,) = small.warnings
+    assert "GPU 0: estimated" in warning and "will not fit" in warning and "40 stream(s) over 4" in warning
+    roomy = check_memory(config, totals=lambda: {0: need * 4})
+    assert not roomy.warnings and "GPU 0: estimated" in roomy.notes[0]
+    tight = check_memory(config, totals=lambda: {0: need * 1.05})
+    assert not tight.warnings and tight.notes[0].endswith("little headroom")
+    none = check_memory(config, totals=lambda: None)
+    assert not none.warnings and "no GPU visible" in none.notes[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None, reason="NVML would answer, not the fake")
+def test_check_warns_with_a_fake_nvidia_smi(tmp_path) -> None:
+    """The whole command: a fake nvidia-smi reports a 2 GiB GPU; check says OK (exit 0) with a warning."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, 2048'\n")
+    smi.chmod(0o755)
+    _, cfg = _config(tmp_path, 3, "  workers: 3\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    for extra in ([], ["--no-model"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamd", "check", *extra, str(cfg)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "streamd: warning: GPU 0: estimated" in proc.stderr and "of 2.0 GiB" in proc.stderr, (
+            proc.stderr
+        )
+        assert ": OK (3 stream(s)" in proc.stderr.strip().splitlines()[-1], proc.stderr
