@@ -313,6 +313,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
                     row["error"] = f"{exc!r}"[:500]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        # what a next engine like this one will cost: its build plus its first calls (compile, capture)
+        build_s[(v.precision, v.compile)] = load_s + sum(r.get("first_calls_s", 0.0) for r in rows[first:])
         if not on_cpu:  # memory of this engine with all its rows' graphs and scratch
             peak = torch.cuda.max_memory_reserved() / 2**20
             after = smi_mb(os.getpid())

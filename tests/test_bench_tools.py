@@ -1,0 +1,137 @@
+"""bench/bench_engines.py and bench/bench_memory.py on the CPU: their flows run end to end (torch engine on
+the host; a real `streamd run` with ONNX Runtime and a fake nvidia-smi), a failing row is reported and the
+run goes on, the budget skips the slowest variants, and the memory fit recovers known figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.bench_memory import config_dict, fit, parse_variant, split_settings
+from tests.conftest import CLIP, ROOT
+from tests.engines.conftest import torch_ready  # noqa: F401 (the fixture)
+from tests.engines.tiny_models import make_detector
+
+
+def _engines(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_engines.py", "--device", "cpu", "--seconds", "0.05", "--out", str(out),
+         *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, json.loads((out / "bench_engines.json").read_text())
+
+
+@pytest.mark.usefixtures("torch_ready")
+def test_bench_engines_any_model_size_batches_and_variants(tmp_path) -> None:
+    model = make_detector(tmp_path / "dyn.onnx", dynamic_hw=True)
+    _, result = _engines(
+        tmp_path, "--model", str(model), "--input-size", "64", "48", "--batches", "1", "3",
+        "--precisions", "fp16", "--variants", "graphs", "lanes2",
+    )  # fmt: skip
+    rows = result["rows"]
+    assert [(r["variant"], r["batch"]) for r in rows] == [
+        ("default", 1),
+        ("default", 3),
+        ("lanes 2", 1),
+        ("lanes 2", 3),
+    ]
+    assert all("error" not in r and r["img_per_s"] > 0 and r["latency_ms"] > 0 for r in rows), rows
+    assert all(r["input"] == "64x48" and r["load_s"] > 0 for r in rows)
+    assert result["meta"]["model"] == "dyn.onnx" and not result["skipped"]
+
+
+@pytest.mark.usefixtures("torch_ready")
+def test_bench_engines_reports_a_failing_row_and_goes_on(tmp_path) -> None:
+    fixed = make_detector(tmp_path / "b2.onnx", batch=2)  # a fixed batch of 2: batch 1 must fail, alone
+    _, result = _engines(
+        tmp_path, "--model", str(fixed), "--batches", "1", "2", "--precisions", "fp32", "--variants", "graphs"
+    )
+    bad, ok = result["rows"]
+    assert bad["batch"] == 1 and "fixed at 2" in bad["error"]
+    assert ok["batch"] == 2 and "error" not in ok and ok["img_per_s"] > 0
+
+
+@pytest.mark.usefixtures("torch_ready")
+def test_bench_engines_budget_skips_the_slowest_variants(tmp_path) -> None:
+    model = make_detector(tmp_path / "m.onnx")
+    _, result = _engines(
+        tmp_path, "--model", str(model), "--batches", "1", "--precisions", "fp32", "--budget-s", "0.01",
+        "--variants", "graphs", "lanes2", "compile",
+    )  # fmt: skip
+    assert [r["variant"] for r in result["rows"]] == ["default"]  # the first always runs
+    assert [s.split(":")[0] for s in result["skipped"]] == ["lanes 2 fp32", "compile fp32"]
+    assert "Skipped to stay within --budget-s" in (tmp_path / "out" / "bench_engines.md").read_text()
+
+
+def test_memory_fit_recovers_per_camera_and_per_worker() -> None:
+    rows = [
+        {"streams": n, "gpu_processes": p, "gpu_mb_total": 50.0 * n + 1500.0 * p}
+        for n, p in ((16, 2), (64, 5), (120, 9))
+    ]
+    assert fit(rows) == {"mb_per_camera": 50.0, "mb_per_worker": 1500.0}
+    assert fit(rows[:1]) == {} and fit([*rows[:1], {"streams": 64, "error": "not ready"}]) == {}
+
+
+def test_memory_variants_split_into_environment_and_config_keys(tmp_path) -> None:
+    name, settings = parse_variant(
+        "mine:PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,engine.cuda_graphs=false"
+    )
+    env, keys = split_settings(settings)
+    assert name == "mine" and env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert keys == {"engine.cuda_graphs": False}
+    args = argparse.Namespace(
+        model=Path("m.onnx"), input_size=[640, 640], model_key=["layout: yolov8"], clip=CLIP, engine="torch",
+        precision="fp16", batch=32, workers="auto", decoder=None,
+    )  # fmt: skip
+    cfg = config_dict(args, 3, tmp_path / "o.jsonl", keys)
+    assert cfg["engine"]["cuda_graphs"] is False and len(cfg["streams"]) == 3
+    assert cfg["model"] == {"path": "m.onnx", "input_size": [640, 640], "layout": "yolov8"}
+
+
+SHIM = """#!/usr/bin/env python3
+import os
+for pid in os.listdir("/proc"):
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"BENCH_SHIM=1" in env:  # the daemon's processes: 2000 MiB with the variant's variable, else 700
+        print(f"{pid}, {2000 if b'SHIM_EXTRA=1' in env else 700}")
+"""
+
+
+@pytest.mark.slow
+def test_bench_memory_runs_on_the_cpu_with_a_fake_nvidia_smi(tmp_path, monkeypatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(SHIM)
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_memory.py", "--clip", str(CLIP), "--engine", "onnxruntime",
+         "--precision", "fp32", "--decoder", "cpu", "--batch", "4", "--fps", "10", "--streams", "1", "2",
+         "--variants", "baseline", "--variant", "extra:SHIM_EXTRA=1,pipeline.frame_queue=1", "--warmup", "1",
+         "--window", "3", "--sample-every", "1", "--nvidia-smi", str(smi), "--out", str(out),
+         "--tmp", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCH_SHIM": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((out / "bench_memory.json").read_text())
+    rows = {(r["variant"], r["streams"]): r for r in result["rows"]}
+    assert set(rows) == {("baseline", 1), ("baseline", 2), ("extra", 1), ("extra", 2)}
+    for (variant, _), row in rows.items():
+        assert "error" not in row and row["exit"] == 0 and row["delivered_fps"] > 0, row
+        per = set(row["gpu_mb_per_process"].values())
+        assert per == {2000 if variant == "extra" else 700}, row  # the variant's variable reached the daemon
+        assert row["gpu_processes"] >= 2  # the supervisor and its worker(s), nothing outside the daemon
+        assert row["gpu_mb_total"] == row["gpu_processes"] * per.pop()
+    assert set(result["fits"]) == {"baseline", "extra"}
+    assert "| extra | 2 |" in (out / "bench_memory.md").read_text()
