@@ -16,12 +16,13 @@ medians over chunks of calls queued back to back after warm-up (the first call p
 - ``img/s`` = batch / GPU ms/call;
 - ``latency ms``: host clock from ``enqueue`` to completion of a single call (nothing else queued).
 Per engine (variant): start-up seconds (conversion, placement, compile; graph capture is in the first calls,
-timed separately as ``first_calls_s``), GPU memory: torch's peak reserved and nvidia-smi's figure for this
-process before the engine and after its rows. Input: real frames of samples/vtest.mp4 preprocessed as the
-model wants (``--config``'s model section, else ``--colour/--mean/--std``), never zeros.
+timed separately as ``first_calls_s``), GPU memory: torch's peak reserved (and the engine's share: less the
+bench's frames and slot buffers) and nvidia-smi's figure for this process before the engine and after its
+rows. Input: real frames of samples/vtest.mp4 preprocessed as the model wants (``--config``'s model section,
+else ``--colour/--mean/--std``), never zeros. The config's engine keys are not read.
 
-``--budget-s``: variants run in priority order (everything without compile first); one whose estimated cost
-(its build, measured or guessed, plus its rows) would pass the budget is skipped and listed as skipped.
+``--budget-s``: before each variant, while the estimates of the variants left (build, measured or guessed,
+plus rows) would pass the budget, the slowest of them is skipped (listed as skipped); the first always runs.
 ``--device cpu``: the torch engine on the host (``infer``; a smoke test of this script, no GPU figures).
 A variant or row that fails is reported as an error row and the run goes on. Writes ``bench_engines.md`` and
 ``bench_engines.json`` to ``--out`` (default: $OUT if set, else the current folder).
@@ -63,7 +64,7 @@ class Variant:
 
 
 def plan(args: argparse.Namespace) -> list[Variant]:
-    """Variants in priority order: without compile first, cheapest first; compiled ones last."""
+    """Variants in the order they run: by precision as given, then default, lanes 2, compile, both."""
     if args.legacy:
         out = [Variant("default", p, (False, True)) for p in args.precisions]
         if not args.no_ablation:
@@ -71,18 +72,18 @@ def plan(args: argparse.Namespace) -> list[Variant]:
             out += [Variant("no cuDNN autotune", "fp16", extra={"cudnn_benchmark": False})]
         return out
     want = set(args.variants)
-    fast, slow = [], []
+    out = []
     for p in args.precisions:
         modes = tuple(m for m, name in ((False, "eager"), (True, "graphs")) if name in want)
         if modes:
-            fast.append(Variant("default", p, modes))
+            out.append(Variant("default", p, modes))
         if "lanes2" in want:
-            fast.append(Variant("lanes 2", p, lanes=2))
+            out.append(Variant("lanes 2", p, lanes=2))
         if "compile" in want:
-            slow.append(Variant("compile", p, compile=True))
+            out.append(Variant("compile", p, compile=True))
         if "compile+lanes2" in want:
-            slow.append(Variant("compile + lanes 2", p, lanes=2, compile=True))
-    return fast + slow
+            out.append(Variant("compile + lanes 2", p, lanes=2, compile=True))
+    return out
 
 
 def real_frames(n: int, w: int, h: int, prep: tuple[str, tuple, tuple]) -> np.ndarray:
@@ -262,15 +263,22 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
             known = base + (COMPILE_GUESS_S if v.compile else 0.0)
         return known + rows_s
 
-    for v in plan(args):
+    todo = plan(args)
+    while todo:
+        # Over budget with what is left: skip the slowest variant left (by its estimate), until it fits.
         elapsed = time.monotonic() - t_start
-        if rows and elapsed + estimate(v) > args.budget_s:
+        while len(todo) > (0 if rows else 1) and elapsed + sum(map(estimate, todo)) > args.budget_s:
+            slowest = max(reversed(todo), key=estimate)  # of equals, the later one
+            todo.remove(slowest)
             note = (
-                f"{v.label} {v.precision}: skipped (budget: {elapsed:.0f} s used, ~{estimate(v):.0f} s more)"
+                f"{slowest.label} {slowest.precision}: skipped (budget {args.budget_s:.0f} s: "
+                f"{elapsed:.0f} s used, ~{estimate(slowest):.0f} s estimated for it)"
             )
             skipped.append(note)
             print(note, flush=True)
-            continue
+        if not todo:
+            break
+        v = todo.pop(0)
         head = {"variant": v.label, "precision": v.precision, "lanes": v.lanes, "compile": v.compile}
         engine = None
         try:
@@ -317,9 +325,14 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
         build_s[(v.precision, v.compile)] = load_s + sum(r.get("first_calls_s", 0.0) for r in rows[first:])
         if not on_cpu:  # memory of this engine with all its rows' graphs and scratch
             peak = torch.cuda.max_memory_reserved() / 2**20
+            # the bench's own input frames and slot buffers sit in the same allocator: the engine's share is
+            # the rest (to the allocator's rounding)
+            ours = sum(t.numel() * t.element_size() for t in runner.x + runner.y) / 2**20
             after = smi_mb(os.getpid())
             for row in rows[first:]:
-                row.update(max_reserved_mb=round(peak), smi_after_mb=after)
+                row.update(
+                    max_reserved_mb=round(peak), engine_reserved_mb=round(peak - ours), smi_after_mb=after
+                )
         engine.close()
         del runner, engine
         gc.collect()
@@ -342,7 +355,7 @@ def markdown(meta: dict, rows: list[dict], skipped: list[str]) -> str:
         "input: real vtest frames.",
         "",
         "| variant | precision | CUDA graphs | batch | GPU ms/call | img/s | latency ms (1 call) "
-        "| start-up s | torch peak reserved MB | nvidia-smi MB before → after |",
+        "| start-up s | torch peak reserved MB (engine's) | nvidia-smi MB before → after |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -353,7 +366,8 @@ def markdown(meta: dict, rows: list[dict], skipped: list[str]) -> str:
             continue
         lines.append(
             lead + f"| {r['gpu_ms']:.3f} | {r['img_per_s']:,.0f} | {r['latency_ms']:.3f} | {r.get('load_s')} "
-            f"| {r.get('max_reserved_mb', '')} | {r.get('smi_before_mb')} → {r.get('smi_after_mb')} |"
+            f"| {r.get('max_reserved_mb', '')} ({r.get('engine_reserved_mb', '')}) "
+            f"| {r.get('smi_before_mb')} → {r.get('smi_after_mb')} |"
         )
     if skipped:
         lines += [
