@@ -41,7 +41,7 @@ class Membership:
         self.key = f"{prefix}/nodes/{node}"
         self._clock = clock
         self.lease = 0
-        self.generation = 0  # +1 every time a new lease is taken (the old one's keys are gone)
+        self.generation = 0  # +1 when a lease is lost: what was held under the old one is not held now
         self.deadline = 0.0  # monotonic: lines may be written before this
         self.last_ack = 0.0  # monotonic: the send time of the last acknowledged keep-alive
         self.joined_at = 0.0  # wall time of the current lease
@@ -104,7 +104,6 @@ class Membership:
                     self.etcd.revoke(self.lease)
                     self.lease = 0
                     continue
-                self.generation += 1
                 self._up()
                 log.warning("cluster: node %s rejoined with a new lease", self.node)
             except EtcdError as exc:
@@ -120,8 +119,9 @@ class Membership:
                     self._lose("etcd unreachable past the lease deadline")
 
     def _lose(self, why: str) -> None:
-        self.lost += 1
         self.lease, self.deadline = 0, 0.0
+        self.generation += 1  # before any new lease: the streams held under this one stay fenced
+        self.lost += 1
         log.error(
             "cluster: node %s lost its lease (%s): its streams stop (fenced); rejoining", self.node, why
         )

@@ -112,7 +112,8 @@ class ClusterNode:
     # -- the fence (reader threads) --------------------------------------------------------------------------
     def may_write(self, stream_id: str) -> bool:
         """Before a line goes to the sinks: this node holds the stream and its lease deadline is ahead."""
-        if stream_id in self._allowed and self.membership.valid:
+        m = self.membership
+        if stream_id in self._allowed and m.valid and m.generation == self._generation:
             return True
         self.fenced_lines += 1
         return False
@@ -133,6 +134,10 @@ class ClusterNode:
             for sid, rev in list(self.held.items()):
                 if view.revision.get(sid) != rev:  # our key is gone or is another node's now
                     self._lost(sid, "its owner key was deleted or taken over")
+        for sid, node in view.owner.items():  # ours but dropped (fenced while the lease lived on): free it
+            if node == self.name and sid not in self.held:
+                self.keys.etcd.delete_if(self.keys.owner_key(sid), view.revision[sid])
+                return  # placed again from the next read
         plan = place(ids, view.nodes, view.owner)
         for sid in ids:
             if plan.get(sid) == self.name and sid not in view.owner and sid not in self.held and m.valid:
