@@ -121,7 +121,9 @@ def _wrappers() -> tuple[type, type]:
             codes = head["bbox_regression"].reshape(-1, 4)
             anchors = self.anchors.unsqueeze(0).expand(images.shape[0], -1, -1).reshape(-1, 4)
             boxes = self.model.box_coder.decode_single(codes, anchors)
-            boxes = box_ops.clip_boxes_to_image(boxes, (self.size, self.size)).reshape(-1, count, 4)
+            boxes = box_ops.clip_boxes_to_image(boxes, (self.size, self.size)).reshape(
+                images.shape[0], count, 4
+            )
             scores = torch.softmax(head["cls_logits"], dim=-1)[..., 1:]
             return boxes, scores
 
