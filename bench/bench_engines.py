@@ -364,9 +364,10 @@ def markdown(meta: dict, rows: list[dict], skipped: list[str]) -> str:
         if "error" in r:
             lines.append(lead + f"| error: {r['error'][:160]} | | | | | |")
             continue
+        memory = f"{r['max_reserved_mb']} ({r['engine_reserved_mb']})" if "max_reserved_mb" in r else ""
         lines.append(
             lead + f"| {r['gpu_ms']:.3f} | {r['img_per_s']:,.0f} | {r['latency_ms']:.3f} | {r.get('load_s')} "
-            f"| {r.get('max_reserved_mb', '')} ({r.get('engine_reserved_mb', '')}) "
+            f"| {memory} "
             f"| {r.get('smi_before_mb')} → {r.get('smi_after_mb')} |"
         )
     if skipped:
