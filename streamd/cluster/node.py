@@ -130,7 +130,10 @@ class ClusterNode:
         view = self.keys.read()
         self.view = view
         ids = [s.id for s in self.streams.streams]
+        by_id = self.streams.by_id
         with self._lock:
+            for sid in self._wanted:  # a changed stream restarts with its new settings (reload's rules)
+                self._wanted[sid] = by_id.get(sid, self._wanted[sid])
             for sid, rev in list(self.held.items()):
                 if view.revision.get(sid) != rev:  # our key is gone or is another node's now
                     self._lost(sid, "its owner key was deleted or taken over")

@@ -18,11 +18,12 @@ from tests.conftest import MODEL, ROOT
 PREFIX = "/streamd"
 
 
-def stream_yaml(streams: dict[str, str], detect_fps: float = 1.0) -> str:
-    """``streams:`` YAML: files loop, paced like live cameras; rtsp:// URLs as they are."""
+def stream_yaml(streams: dict[str, str], fps: dict[str, float] | None = None) -> str:
+    """``streams:`` YAML: files loop, paced like live cameras; rtsp:// URLs as they are; detect_fps 1 unless
+    ``fps`` says otherwise."""
     out = ["streams:"]
     for sid, url in streams.items():
-        out += [f"  - id: {sid}", f"    url: {url}", f"    detect_fps: {detect_fps}"]
+        out += [f"  - id: {sid}", f"    url: {url}", f"    detect_fps: {(fps or {}).get(sid, 1.0)}"]
         if not url.startswith("rtsp://"):
             out += ["    realtime: true", "    loop: true"]
     return "\n".join(out) + "\n"
