@@ -48,7 +48,15 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     area_a = np.maximum(a[:, 2] - a[:, 0], 0) * np.maximum(a[:, 3] - a[:, 1], 0)
     area_b = np.maximum(b[:, 2] - b[:, 0], 0) * np.maximum(b[:, 3] - b[:, 1], 0)
     union = area_a[:, None] + area_b[None] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter, dtype=np.float64), where=union > 0)
+    iou = np.divide(inter, union, out=np.zeros_like(inter, dtype=np.float64), where=union > 0)
+    # Empty boxes (x2 <= x1: random-weight exports write them) have no IoU; the same empty box in both
+    # outputs is still the same detection: 1 within a 1e-4 of the boxes' scale per coordinate.
+    empty = union <= 0
+    if empty.any():
+        scale = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)), 1.0)
+        same = (np.abs(a[:, None, :] - b[None, :, :]) <= 1e-4 * scale).all(axis=2)
+        iou = np.where(empty & same, 1.0, iou)
+    return iou
 
 
 def match_detections(ref: Any, got: Any, threshold: float, iou_min: float) -> tuple[int, int, list[float]]:
@@ -67,9 +75,8 @@ def match_detections(ref: Any, got: Any, threshold: float, iou_min: float) -> tu
     return len(boxes), int(ok.sum()), [float(v) for v in best[ok]]
 
 
-def _align_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
-    """``got``'s rows (K, 6) reordered so each of ``ref``'s rows, best first, gets the unused row closest to
-    it (L1), for end2end outputs whose row order depends on near-tied scores."""
+def _row_order(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """For each of ``ref``'s rows, best first, the index of the unused row of ``got`` closest to it (L1)."""
     dist = np.abs(ref[:, None, :] - got[None, :, :]).sum(axis=2)
     dist = np.nan_to_num(dist, nan=np.inf)
     free = np.ones(len(got), bool)
@@ -77,7 +84,30 @@ def _align_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     for i in range(len(ref)):
         j = int(np.argmin(np.where(free, dist[i], np.inf)))
         order[i], free[j] = j, False
-    return got[order]
+    return order
+
+
+def _align_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """``got``'s rows (K, 6) reordered so each of ``ref``'s rows gets its closest twin (``_row_order``), for
+    end2end outputs whose row order depends on near-tied scores."""
+    return got[_row_order(ref, got)]
+
+
+def _align_parts(head: Any, parts: Sequence[OutputPart], ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Packed rows [B, R] of a several-output model that picks its own rows (a classes output: TF's top-100
+    after NMS): ``got`` with each per-candidate output reordered like its decoded rows (box, score, class)
+    closest to the reference's, so near-tied rows that swapped places compare with their twins."""
+    from streamd.stages.postprocess.read import decode_rows
+
+    out = got.copy()
+    (rb, rs, rc, _), (gb, gs, gc, _) = (decode_rows(head, x.astype(np.float32)) for x in (ref, got))
+    for b in range(len(ref)):
+        order = _row_order(np.c_[rb[b], rs[b], rc[b]], np.c_[gb[b], gs[b], gc[b]])
+        for p in parts:
+            if p.shape and p.shape[0] == head.candidates:
+                block = got[b, p.offset : p.offset + p.size].reshape(p.shape[0], -1)
+                out[b, p.offset : p.offset + p.size] = block[order].ravel()
+    return out
 
 
 def _errors(
@@ -120,12 +150,23 @@ def compare(
             head = head_for(spec, tuple(output.shape))
         except ValueError:
             spec = None
-    end2end = head is not None and head.layout == "end2end" and len(parts) <= 1 and ref.ndim == 3
-    if end2end:  # rows may swap on near-tied scores: compare each row with its closest twin
+    # Rows of (box, score, class) picked by a top-K in the model (end2end; Ultralytics RT-DETR's [B, 300, 6])
+    # may swap on near-tied scores: compare each row with its closest twin.
+    end2end = (
+        head is not None
+        and head.classes is not None
+        and head.box[1:] == (6, 1)
+        and len(parts) <= 1
+        and ref.ndim == 3
+        and ref.shape[-1] == 6
+    )
+    if end2end:
         got = np.stack([_align_rows(r, g) for r, g in zip(ref, got, strict=True)])
     errors = []
     if len(parts) > 1:
         flat_ref, flat_got = ref.reshape(len(ref), -1), got.reshape(len(got), -1)
+        if head is not None and head.classes is not None:  # the model picked its rows: twins may swap
+            flat_got = _align_parts(head, parts, flat_ref, flat_got)
         for p in parts:
             span = slice(p.offset, p.offset + p.size)
             max_abs, mean_abs, scale = _errors(flat_ref[:, span], flat_got[:, span], tol, None)

@@ -112,18 +112,18 @@ def _head(config: Config, pinned: Any, io: Any, problems: Problems, report: Mode
 
     m = config.model
     name = m.path.name
-    if len(io.outputs) == 1:
-        out = _output_dims(pinned, io.output_shape)  # a dynamic H/W at model.input_size: N is known then
-        if not all(isinstance(d, int) and d > 0 for d in out[1:]):
-            if refused := unsupported_model([(io.output_name, out)], len(m.class_names)):
-                problems.add("model.path", refused.removeprefix("model.path: "))
-            else:
-                report.notes.append(
-                    f"{name}: output shape {list(out)} is only known when run; layout checked then"
-                )
-            return
+    out = _output_dims(pinned, io.output_shape)  # a dynamic H/W at model.input_size: N is known then
+    if len(io.outputs) == 1 and all(isinstance(d, int) and d > 0 for d in out[1:]):
         shapes = [(io.output_name, tuple(int(d) for d in out[1:]), out)]
-    else:
+    elif len(io.outputs) == 1 and not _can_run(pinned):
+        if refused := unsupported_model([(io.output_name, out)], len(m.class_names)):
+            problems.add("model.path", refused.removeprefix("model.path: "))
+        else:
+            report.notes.append(
+                f"{name}: output shape {list(out)} is only known when run; layout checked then"
+            )
+        return
+    else:  # several outputs, or dims only a run tells (e.g. RT-DETR's top-K): ONNX Runtime at batch 1
         try:
             shapes = per_image_shapes(pinned)
         except EngineError as exc:
@@ -142,6 +142,11 @@ def _head(config: Config, pinned: Any, io: Any, problems: Problems, report: Mode
         problems.add(key.split(" ")[0], text.removeprefix(f"{key}: "))
         return
     report.notes.append(_layout_note(config, head.layout, head.note))
+
+
+def _can_run(model: Any) -> bool:
+    """The model's weights are all in the file (``check`` loads no external data): ONNX Runtime can run it."""
+    return not any(t.data_location == 1 for t in model.graph.initializer)  # 1: TensorProto.EXTERNAL
 
 
 def _layout_note(config: Config, layout: str, note: str) -> str:

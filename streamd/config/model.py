@@ -330,7 +330,8 @@ def parse_model(raw: object, problems: Problems, base_dir: Path, model_file: boo
 def defaults_from_metadata(model: Path) -> dict[str, object]:
     """Preprocessing and decoding settings the ONNX file states about itself (``metadata_props``).
 
-    Keys read: ``channel_order``, ``mean``, ``std``, ``layout``, ``input_size`` ([w, h] or Ultralytics'
+    Keys read: ``channel_order``, ``mean``, ``std``, ``layout`` (or Ultralytics' ``head: RTDETRDecoder``:
+    detr), ``input_size`` ([w, h] or Ultralytics'
     ``imgsz`` [h, w]) and ``names`` (a JSON list, or Ultralytics' ``{0: 'person', ...}``). They fill only what
     the config leaves out; a value that does not parse is ignored (the config's own default applies).
     """
@@ -345,6 +346,8 @@ def defaults_from_metadata(model: Path) -> dict[str, object]:
         found["channel_order"] = meta["channel_order"]
     if meta.get("layout") in ("yolov8", "yolov5", "end2end", "detr", "yolox"):
         found["layout"] = meta["layout"]
+    elif meta.get("head") == "RTDETRDecoder":  # Ultralytics RT-DETR: its [B, 300, 6] rows are cx, cy, w, h
+        found["layout"] = "detr"  # normalised (not end2end's x1, y1, x2, y2 pixels), score, class
     for key in ("mean", "std"):
         triple = _literal(meta.get(key))
         if not (isinstance(triple, list) and len(triple) == 3):

@@ -106,8 +106,16 @@ def model_io(model: Any, source: object = "model", input_size: tuple[int, int] |
         )
     shape = _dims(inputs[0])
     if len(shape) != 4 or not _fixed(shape[1]):
+        hint = (
+            "; it takes one image [C, H, W]: torchvision's own detection export (a list of images in, "
+            "per-image results of varying length out) cannot batch, export the batched head instead "
+            "(README: Bring your model)"
+            if len(shape) == 3
+            else ""
+        )
         raise EngineError(
-            f"model input: expected [B, C, H, W] with a fixed C; got {list(shape)} ({source})", EX_CONFIG
+            f"model input: expected [B, C, H, W] with a fixed C; got {list(shape)} ({source}){hint}",
+            EX_CONFIG,
         )
     dynamic = tuple(axis for axis, d in zip("HW", shape[2:], strict=True) if not _fixed(d))
     if dynamic and input_size is None:

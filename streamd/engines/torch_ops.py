@@ -25,12 +25,13 @@ import types
 from typing import Any
 
 from streamd.engines.base import EngineError
-from streamd.engines.torch_resize import exact_resize_class
+from streamd.engines.torch_opset import downgrade_18, fold_static_topk
+from streamd.engines.torch_resize import exact_resize_class, grid_sample_class
 
 log = logging.getLogger(__name__)
 
 DOMAIN = "streamd"
-TORCH_REWRITE_RECIPE = "torch-rewrite-v3"  # bump when a rewrite changes results
+TORCH_REWRITE_RECIPE = "torch-rewrite-v4"  # bump when a rewrite changes results
 
 _COORD_MODES = (
     "half_pixel",
@@ -66,6 +67,7 @@ def register_converters() -> None:
     from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
 
     resize_cls = exact_resize_class()
+    GridSample = grid_sample_class()
 
     @add_converter(operation_type="Resize", version=1, domain=DOMAIN)
     def _resize(node: Any, graph: Any) -> Any:
@@ -77,6 +79,24 @@ def register_converters() -> None:
             cubic_a=float(a.get("cubic_coeff_a", -0.75)),
             exclude_outside=bool(a.get("exclude_outside", 0)),
             extrapolation_value=float(a.get("extrapolation_value", 0.0)),
+        )
+        return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
+
+    @add_converter(operation_type="LayerNormalization", version=1, domain=DOMAIN)
+    def _layer_norm(node: Any, graph: Any) -> Any:
+        from onnx2torch.node_converters.layer_norm import OnnxLayerNorm
+
+        a = node.attributes  # normalized_shape from the input at run time, not from (symbolic) value_info
+        module = OnnxLayerNorm(axis=a.get("axis", -1), epsilon=a.get("epsilon", 1e-5))
+        return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
+
+    @add_converter(operation_type="GridSample", version=1, domain=DOMAIN)
+    def _grid_sample(node: Any, graph: Any) -> Any:
+        a = node.attributes
+        module = GridSample(
+            _GRID_MODES[a.get("mode", "bilinear")],
+            a.get("padding_mode", "zeros"),
+            bool(a.get("align_corners", 0)),
         )
         return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
 
@@ -116,6 +136,7 @@ def rewrite_for_torch(model: Any) -> tuple[Any, list[str]]:
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     m = copy.deepcopy(model)
+    topk = fold_static_topk(m)  # ONNX Runtime runs it: before any node moves to the streamd domain
     counts: dict[str, int] = {}
     shapes: dict[str, tuple[int | None, ...]] | None = None
     for node in m.graph.node:
@@ -136,12 +157,69 @@ def rewrite_for_torch(model: Any) -> tuple[Any, list[str]]:
             f"{_attr(node, 'mode', 'nearest')}/{_attr(node, 'coordinate_transformation_mode', 'half_pixel')}"
         )
         counts[kind] = counts.get(kind, 0) + 1
-    if counts and not any(o.domain == DOMAIN for o in m.opset_import):
+    clips = _clip_inputs(m)
+    grid = norms = 0
+    for node in m.graph.node:
+        # onnx2torch's LayerNormalization reads its normalized shape from value_info, 0 where a dim is
+        # symbolic (transformer heads behind a dynamic batch): streamd's takes it from the input when run.
+        if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx"):
+            node.domain = DOMAIN
+            norms += 1
+        # onnx2torch has no GridSample (RT-DETR's deformable attention)
+        if node.op_type == "GridSample" and node.domain in ("", "ai.onnx"):
+            problem = _grid_sample_problem(node)
+            if problem:
+                raise EngineError(f"torch engine: node {node.name!r}: {problem}")
+            node.domain = DOMAIN
+            grid += 1
+    if (counts or grid or norms) and not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.add(domain=DOMAIN, version=1)
-    return m, [
+    done = [
         f"{kind} x{n}" if kind.startswith("auto_pad") else f"Resize x{n} ({kind})"
         for kind, n in sorted(counts.items())
     ]
+    done += [f"GridSample x{grid}"] if grid else []
+    done += [f"LayerNormalization x{norms}"] if norms else []
+    done += [f"TopK x{topk} (K folded)"] if topk else []
+    done += [f"Clip x{clips} (absent min/max)"] if clips else []
+    return m, done + downgrade_18(m)
+
+
+def _clip_inputs(model: Any) -> int:
+    """onnx2torch reads Clip's min/max as constants and fails on an absent one written as an empty name
+    (``Clip(x, "", max)``, ``Clip(x, min, "")``): trailing empty inputs are dropped, an empty min before a
+    max becomes a -inf constant. Returns how many nodes changed."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    changed = 0
+    neg_inf = f"{DOMAIN}__clip_min_neg_inf"
+    for node in model.graph.node:
+        if node.op_type != "Clip" or node.domain not in ("", "ai.onnx") or "" not in node.input[1:]:
+            continue
+        while len(node.input) > 1 and node.input[-1] == "":
+            del node.input[-1]
+        if len(node.input) == 3 and node.input[1] == "":
+            if not any(t.name == neg_inf for t in model.graph.initializer):
+                model.graph.initializer.append(
+                    numpy_helper.from_array(np.array(-np.inf, np.float32), neg_inf)
+                )
+            node.input[1] = neg_inf
+        changed += 1
+    return changed
+
+
+def _grid_sample_problem(node: Any) -> str | None:
+    mode = _attr(node, "mode", "bilinear")
+    if mode not in _GRID_MODES:
+        return f"GridSample mode {mode!r} is not supported"
+    if _attr(node, "padding_mode", "zeros") not in ("zeros", "border", "reflection"):
+        return f"GridSample padding_mode {_attr(node, 'padding_mode', 'zeros')!r} is not supported"
+    return None
+
+
+_GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
+               "cubic": "bicubic"}  # fmt: skip
 
 
 _AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool", "LpPool")

@@ -242,3 +242,23 @@ def exact_resize_class() -> type:
             return x
 
     return ExactResize
+
+
+def grid_sample_class() -> type:
+    """ONNX GridSample (opset 16 modes bilinear/nearest/bicubic, opset 20's linear/cubic names mapped) as
+    ``torch.nn.functional.grid_sample``, whose conventions are the ONNX spec's (x, y grid order, -1..1,
+    ``align_corners``; cubic a = -0.75; nearest rounds half to even). 4-D inputs only."""
+    import torch
+
+    class GridSample(torch.nn.Module):
+        def __init__(self, mode: str, padding_mode: str, align_corners: bool) -> None:
+            super().__init__()
+            self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
+
+        def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.grid_sample(
+                x, grid.to(x.dtype), mode=self.mode, padding_mode=self.padding_mode,
+                align_corners=self.align_corners,
+            )  # fmt: skip
+
+    return GridSample

@@ -221,8 +221,61 @@ def nms_case() -> Case:
     return Case("NonMaxSuppression", _model([node], feeds, ["selected"], inits), feeds)
 
 
+def transformer_cases() -> Iterator[Case]:
+    """What DETR-family exports (RT-DETR at opset 18) bring: opset-18 Reduce/Split/Pad forms, GridSample,
+    LayerNormalization behind a dynamic batch, Clip with an absent min, TopK of a computed K."""
+    x = _x((2, 4, 6, 8))
+    node = helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=1)
+    yield Case(
+        "ReduceMax-18-axes-input", _model([node], {"x": x}, ["y"], {"axes": np.array([1, 3])}, 18), {"x": x}
+    )
+    node = helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)
+    yield Case("ReduceMean-18-all-axes", _model([node], {"x": x}, ["y"], {}, 18), {"x": x})
+    node = helper.make_node("Split", ["x"], ["a", "b"], axis=3, num_outputs=2)
+    yield Case("Split-18-num_outputs", _model([node], {"x": x}, ["a", "b"], {}, 18), {"x": x})
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="constant")
+    pads = {"pads": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)}
+    yield Case("Pad-18", _model([node], {"x": x}, ["y"], pads, 18), {"x": x})
+    grid = np.random.default_rng(4).uniform(-1.2, 1.2, (2, 5, 7, 2)).astype(np.float32)
+    for mode in ("bilinear", "nearest", "bicubic"):
+        for padding in ("zeros", "border", "reflection"):
+            for align in (0, 1):
+                node = helper.make_node(
+                    "GridSample", ["x", "g"], ["y"], mode=mode, padding_mode=padding, align_corners=align
+                )
+                feeds = {"x": x, "g": grid}
+                yield Case(
+                    f"GridSample-{mode}-{padding}-align{align}", _model([node], feeds, ["y"], {}, 16), feeds
+                )
+    node = helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1, epsilon=1e-5)
+    model = _model([node], {"x": x}, ["y"], {"w": _x((8,), 5), "b": _x((8,), 6)}, 17)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[0].Clear()
+    dims[0].dim_param = "batch"  # what made onnx2torch's own converter read a normalized shape of [0]
+    dims[3].Clear()
+    dims[3].dim_param = "channels"
+    yield Case("LayerNormalization-symbolic", model, {"x": x})
+    node = helper.make_node("Clip", ["x", "", "hi"], ["y"])
+    yield Case(
+        "Clip-absent-min", _model([node], {"x": x}, ["y"], {"hi": np.array(0.5, np.float32)}), {"x": x}
+    )
+    flat = _x((2, 50), 7)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+        helper.make_node("Min", ["n", "cap"], ["k1"]),
+        helper.make_node("Reshape", ["k1", "shape1"], ["k"]),
+        helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1),
+    ]
+    inits = {"one": np.array(1, np.int64), "cap": np.array(30, np.int64), "shape1": np.array([1], np.int64)}
+    yield Case("TopK-computed-K", _model(nodes, {"x": flat}, ["v", "i"], inits), {"x": flat})
+
+
 def all_cases() -> list[Case]:
-    return [*resize_cases(), *pad_cases(), *slice_cases(), *topk_gather_cases(), *conv_pool_cases()]
+    return [
+        *resize_cases(), *pad_cases(), *slice_cases(), *topk_gather_cases(), *conv_pool_cases(),
+        *transformer_cases(),
+    ]  # fmt: skip
 
 
 def run_torch(module: Any, case: Case, device: str = "cpu") -> list[np.ndarray]:

@@ -134,7 +134,7 @@ def _single(s: HeadSettings, part: OutputPart) -> Head:
             )
         if options:
             return _build(options[0], s, part, auto=True)
-    elif s.layout in fits and (fits[s.layout] or (s.layout == "detr" and b == 5 + s.num_classes)):
+    elif s.layout in fits and (fits[s.layout] or (s.layout == "detr" and b in (5 + s.num_classes, 6))):
         return _build(s.layout, s, part, auto=False)
     refused = unsupported_model([(part.name, (1, a, b))], s.num_classes)
     if refused:
@@ -195,6 +195,14 @@ def _build_head(layout: str, s: HeadSettings, part: OutputPart, auto: bool) -> H
         return Head(
             "end2end", c, a, row, (o, 6, 1), "xyxy", scores=(o + 4, 6, 1), classes=(o + 5, 6), nms=False,
             note=note, legacy=True,
+        )  # fmt: skip
+    if b == 6 and c != 2:  # [N, 6]: box, score, class id (Ultralytics 8.4 RT-DETR: its own top-300)
+        act = _activation(s, "none")
+        fmt, scale, units = _box(s, "cxcywh", "normalized")
+        note = f"{head} detr: {out}, {a} rows of {fmt} box ({units}), score ({act}), class id; no NMS"
+        return Head(
+            "detr", c, a, row, (o, 6, 1), fmt, scale, scores=(o + 4, 6, 1), activation=act,
+            classes=(o + 5, 6), nms=False, note=note,
         )  # fmt: skip
     # detr, one output [N, 4 + C] (Ultralytics RT-DETR: scores already sigmoid) or [N, 5 + C] (+ "no object")
     act = _activation(s, "none" if b == 4 + c else "softmax")
