@@ -79,8 +79,11 @@ class Etcd:
                 client = self._clients[k]
                 try:
                     result = client.post(client.get_url(path), json=body)
-                except (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError) as exc:
-                    last = f"{self.endpoints[k]}: {_first_line(exc)}"
+                except exceptions.ConnectionTimeoutError:
+                    last = f"{self.endpoints[k]}: no answer within {self.timeout_s:g} s"
+                    continue
+                except exceptions.ConnectionFailedError as exc:
+                    last = f"{self.endpoints[k]}: {_connect_error(exc)}"
                     continue
                 except exceptions.Etcd3Exception as exc:
                     raise EtcdError(f"{self.endpoints[k]}: {path}: {_first_line(exc)}") from None
@@ -182,5 +185,19 @@ def _entry(kv: dict[str, Any]) -> Entry:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = str(getattr(exc, "detail_text", None) or exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
+
+
+def _connect_error(exc: BaseException) -> str:
+    """requests' long connection error, as the few words that say what happened."""
+    text = str(getattr(exc, "detail_text", None) or exc)
+    for needle, words in (
+        ("Connection refused", "connection refused"),
+        ("Name or service not known", "unknown host name"),
+        ("No route to host", "no route to host"),
+        ("timed out", "connect timed out"),
+    ):
+        if needle in text:
+            return words
+    return "cannot connect"

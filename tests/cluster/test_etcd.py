@@ -98,3 +98,28 @@ def test_a_node_name_in_use_is_refused(etcd_server: EtcdServer) -> None:
     second.join(wait_s=1.0)
     assert second.valid
     second.close()
+
+
+def test_etcd_unreachable_at_start_is_one_line_and_69(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import CLIP, ROOT
+
+    port = free_port()  # nothing listens there
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP}\n"
+        f"cluster:\n  enabled: true\n  etcd: [http://127.0.0.1:{port}]\n  node: n1\n  timeout_s: 1\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line or line.startswith("streamd:")]
+    print(f"exit {done.returncode} after {took:.1f} s: {errors}")
+    assert done.returncode == 69, done.stderr
+    assert len(errors) == 1 and f"cluster: cannot join through etcd at http://127.0.0.1:{port}" in errors[0]
+    assert "Traceback" not in done.stderr
