@@ -3,10 +3,11 @@ where TensorRT is not available).
 
 Conversion (``convert_model``): fixed batch 1 made dynamic when provably equivalent, onnxslim (if installed)
 folds Pads, ScatterND, Casts and shape arithmetic into constants, onnx2torch builds an ``fx.GraphModule``.
-Placement (``place``): weights on the GPU (FP16 / BF16 with ``precision: fp16`` / ``bf16``, optionally channels-last), but the
-small integer/shape constants that converted ops read with ``.tolist()`` (Reshape shapes, Resize scales, Pad
-pads, Split sizes, ...) stay on the host: reading them then needs no device-to-host copy, which is what lets a
-CUDA graph capture the forward pass. Input and output stay FP32 whatever the precision.
+Placement (``place``): weights on the GPU (FP16 / BF16 with ``precision: fp16`` / ``bf16``, optionally
+channels-last), but the small integer/shape constants that converted ops read with ``.tolist()`` (Reshape
+shapes, Resize scales, Pad pads, Split sizes, ...) stay on the host: reading them then needs no
+device-to-host copy, which is what lets a CUDA graph capture the forward pass. Input and output stay FP32
+whatever the precision.
 
 Run (``enqueue``): the caller's device pointers are wrapped as tensors (``__cuda_array_interface__``, no
 copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream (a
@@ -187,9 +188,7 @@ def keep_constants_on_host(module: Any) -> list[str]:
     return moved
 
 
-def place(
-    module: Any, device: Any, low: Any | None, channels_last: bool, host_constants: bool = True
-) -> Any:
+def place(module: Any, device: Any, low: Any | None, channels_last: bool, host_constants: bool = True) -> Any:
     """Move ``module`` to ``device`` (its floating weights cast to ``low``, torch.float16 or torch.bfloat16,
     when given; channels-last weights if asked), constants per above."""
     import torch
