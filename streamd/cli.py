@@ -133,13 +133,14 @@ def _check(path: str, model: bool) -> int:
         summary = f"; {report.summary}"
     if problems:
         raise ConfigError(problems)
-    from streamd.checks.memory import check_memory
+    if model:  # not with --no-model: that one stays quick (no nvidia-smi call)
+        from streamd.checks.memory import check_memory
 
-    memory = check_memory(config)  # a warning, never a refusal: the estimate is a sizing aid
-    for note in memory.notes:
-        print(f"streamd: note: {note}", file=sys.stderr)
-    for warning in memory.warnings:
-        print(f"streamd: warning: {warning}", file=sys.stderr)
+        memory = check_memory(config)  # a warning, never a refusal: the estimate is a sizing aid
+        for note in memory.notes:
+            print(f"streamd: note: {note}", file=sys.stderr)
+        for warning in memory.warnings:
+            print(f"streamd: warning: {warning}", file=sys.stderr)
     print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
     return EX_OK
 
