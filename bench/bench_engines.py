@@ -10,8 +10,9 @@ plus an ablation of channels-last and cuDNN autotuning on fp16 with graphs (this
 
 The engine runs as the pipeline runs it: ``enqueue`` on slot buffers (max batch) on streams of ours. Per row,
 medians over chunks of calls queued back to back after warm-up (the first call per batch captures the graph):
-- ``GPU ms/call``: the span of a chunk (CUDA events: start before its first call, end after its last, on every
-  stream used) over its calls; launch-bound engines show their launch time here, the GPU waiting for the host.
+- ``GPU ms/call``: the span of a chunk of calls (>= ~50 ms; CUDA events: start before its first call, end
+  after its last, on every stream used) over its calls; launch-bound engines show their launch time here,
+  the GPU waiting for the host.
   ``lanes2`` feeds two streams of ours alternately, each with its own buffers, as two pipeline slots would;
 - ``img/s`` = batch / GPU ms/call;
 - ``latency ms``: host clock from ``enqueue`` to completion of a single call (nothing else queued).
@@ -191,10 +192,17 @@ def measure(runner: Any, batch: int, seconds: float) -> dict:
         runner.call(batch)
     runner.sync()
     first_s = time.perf_counter() - t
+    # Chunks of >= ~50 ms (4..64 calls, a multiple of the streams): the GPU's wait for the first launch after
+    # the start event is then a negligible part of a chunk's span.
+    lanes = len(getattr(runner, "streams", [0]))
+    t = time.perf_counter()
+    runner.call(batch)
+    runner.sync()
+    one_s = max(time.perf_counter() - t, 1e-5)
+    chunk = lanes * max(2, min(64 // lanes, -(-int(0.05 / one_s) // lanes)))
     per_call, calls = [], 0
-    chunk = max(2, len(getattr(runner, "streams", [0])) * 4)
     t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end or len(per_call) < 5:
+    while time.perf_counter() < t_end or len(per_call) < 3:
         per_call.append(runner.chunk_ms(batch, chunk) / chunk)
         calls += chunk
     gpu_ms = statistics.median(per_call)

@@ -23,6 +23,8 @@ daemon (UPPER_CASE=value) or a config key (``section.key=value``, YAML value):
   and CUBLAS_WORKSPACE_CONFIG=:4096:2 (cuBLAS keeps 2 workspaces of 4 MiB);
 - ``no-graphs``: engine.cuda_graphs=false (no CUDA graph pools; slower, measured for its share);
 - ``small-pool``: pipeline.frame_queue=1 (the NVDEC surface pool per stream is frame_queue + 2 x batch + 4);
+- ``batch16``: pipeline.batch_size=16 (smaller surface pools, activations and graph pools);
+- ``no-spare``: pipeline.spare_worker=false (the spare holds a whole engine);
 - ``lean``: expandable + cudnn-ws together.
 ``--variant 'NAME:K=V,K=V'`` adds one. ``--nvidia-smi PATH`` replaces the tool (tests pass a shim).
 Results: DIR/bench_memory.md and DIR/bench_memory.json. A run that fails is an error row; the rest goes on.
@@ -56,6 +58,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "cudnn-ws": {"CUDNN_CONV_WSCAP_DBG": "256", "CUBLAS_WORKSPACE_CONFIG": ":4096:2"},
     "no-graphs": {"engine.cuda_graphs": "false"},
     "small-pool": {"pipeline.frame_queue": "1"},
+    "batch16": {"pipeline.batch_size": "16"},
+    "no-spare": {"pipeline.spare_worker": "false"},
     "lean": {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "CUDNN_CONV_WSCAP_DBG": "256",
