@@ -142,6 +142,31 @@ def test_failover_rebalance_and_fencing(tmp_path: Path, etcd_server: EtcdServer)
         four_moves = [s for s in streams if four[s] != back[s]]
         print(f"fourth node: {len(four_moves)} move(s): {four_moves}")
         assert 0 < len(four_moves) <= math.ceil(S / 4) + 1
+        for sid in four_moves:  # the log names every move and its reason
+            assert (
+                f"cluster: stream {sid} moved to d from {back[sid]}: handed over by {back[sid]}"
+                in nodes["d"].log()
+            )
+            assert (
+                f"cluster: stream {sid} moved off {back[sid]}: rebalance: placed on d"
+                in nodes[back[sid]].log()
+            )
+        # visible: every node's /api/status and /metrics show every node, its streams and its lease age
+        for n in running:
+            view = n.status()["cluster"]
+            assert view["node"] == n.name and view["lease_valid"] and view["streams_total"] == S
+            assert sorted(view["nodes"]) == ["a", "b", "c", "d"]
+            assert {s: m for m, v in view["nodes"].items() for s in v["streams"]} == four
+            assert all(0 <= v["lease_age_s"] <= TTL for v in view["nodes"].values()), view["nodes"]
+            text = n.metrics()
+            for m in "abcd":
+                count = sum(v == m for v in four.values())
+                assert f'streamd_cluster_node_streams{{node="{m}"}} {count}.0' in text
+                assert f'streamd_cluster_node_lease_age_seconds{{node="{m}"}}' in text
+        assert (
+            'streamd_cluster_moves_total{direction="in",node="d",reason="handed over by'
+            in nodes["d"].metrics()
+        )
 
         # 4. a node paused past its lease stops its streams before it writes another line for them
         paused = nodes["a"]
@@ -149,16 +174,23 @@ def test_failover_rebalance_and_fencing(tmp_path: Path, etcd_server: EtcdServer)
         paused.signal(signal.SIGSTOP)  # the supervisor only: its workers go on and queue lines for it
         stopped_at = time.monotonic()
         others = {n.name for n in running if n is not paused}
-        time.sleep(TTL + 2)
+        while time.monotonic() < stopped_at + TTL + 2:
+            lines.poll(running)
+            time.sleep(0.1)
         paused.signal(signal.SIGCONT)
         _wait(
             "the paused node's streams elsewhere",
             lambda: all(lines.first_after(s, stopped_at, others) for s in held),
             running, lines, TTL + 15,
         )  # fmt: skip
+        for sid in held:
+            node, seen, _r = lines.first_after(sid, stopped_at, others)  # type: ignore[misc]
+            print(f"paused: {sid} on {node} {seen - stopped_at:.2f} s after the SIGSTOP")
+            assert seen - stopped_at <= TTL + 5
         _settle(etcd_server, running, lines)
         assert "lost its lease" in paused.log()
         status = paused.status()["cluster"]
+        print(f"paused node: {status['fenced_lines']} line(s) fenced, leases lost {status['leases_lost']}")
         assert status["leases_lost"] == 1 and status["fenced_lines"] > 0, status
         assert "streamd_cluster_fenced_lines_total" in paused.metrics()
     finally:
