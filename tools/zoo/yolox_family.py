@@ -12,6 +12,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 from .common import Built, calibrate_batchnorm, seed_everything, shift_score_bias
 
@@ -90,6 +91,9 @@ def build(
             dynamo=False,  # the TorchScript exporter YOLOX's script calls (torch.onnx._export)
         )
         _simplify(target)
+        decode_error = _check_raw_layout(
+            model, dummy.new_tensor(probe.calibration_images(size, "bgr255")[:2])
+        )
         built.append(
             Built(
                 family="yolox-s",
@@ -103,10 +107,39 @@ def build(
                 input_layout=BGR_255,
                 output_notes=NOTES,
                 build_s=time.perf_counter() - start,
-                extra={"bn_calibration": CALIBRATION, "score_shift": score_shift},
+                extra={
+                    "bn_calibration": CALIBRATION,
+                    "score_shift": score_shift,
+                    "raw_layout_check": f"max |NOTES decode - YOLOX's decode| = {decode_error:.2g}",
+                },
             )
         )
     return built
+
+
+def _check_raw_layout(model: Any, images: Any) -> float:
+    """Decode the raw output as NOTES says; compare with YOLOX's own decode_in_inference=True output."""
+    import torch
+
+    head = model.head
+    with torch.no_grad():
+        head.decode_in_inference = False
+        raw = model(images)
+        head.decode_in_inference = True
+        decoded = model(images)
+        head.decode_in_inference = False
+    size = images.shape[-1]
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        n = size // stride
+        ys, xs = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        grids.append(torch.stack((xs, ys), dim=-1).reshape(-1, 2))
+        strides.append(torch.full((n * n, 1), stride))
+    grid, stride_col = torch.cat(grids).float(), torch.cat(strides).float()
+    mine = torch.cat(
+        [(raw[..., :2] + grid) * stride_col, torch.exp(raw[..., 2:4]) * stride_col, raw[..., 4:]], dim=-1
+    )
+    return float((mine - decoded).abs().max())
 
 
 def _simplify(path: Path) -> None:
