@@ -27,9 +27,9 @@ WORKER_BASE_MB = 1550.0
 # One 1080p camera on NVDEC (decoder surfaces, its frame queue, its share of the ring): the 120- and
 # 175-stream rows (14:10) held 2,520-2,612 MB per worker at 15 streams and 2,935-3,483 MB at 22, i.e.
 # (worker - base - engine) / streams ≈ 50 MB (the estimate gives 2,556 MB per process at 120). Scaled by
-# pixel count for other sizes. Cross-check: 175 HEVC
-# cameras over 12 workers + spare held ≈ 37 GB (issue 26); these constants give 32.5 GiB for that config, so
-# HEVC likely costs more per camera than H.264 (bench_memory.py measures both).
+# pixel count for other sizes. Cross-check: 175 HEVC cameras over 12 workers + spare held ≈ 37 GB (issue
+# 26); these constants give 32.5 GiB for that config, so HEVC likely costs more per camera than H.264
+# (bench_memory.py measures both).
 CAMERA_MB_1080P = 50.0
 # Engine activations + CUDA graph pool per image of the batch, per megapixel of model input, fp16:
 # placeholder fitted to the same rows (NanoDet 416x416 at batch 32 ≈ 330 MB); fp32 doubles it.
