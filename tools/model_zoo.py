@@ -28,11 +28,13 @@ from pathlib import Path
 from zoo import common, probe, tv, ultra, yolox_family
 
 REPO = Path(__file__).resolve().parents[1]
+_LIST_NOTE = {
+    "yolo26s": " (nms=False: NMS-free head)",
+    "yolov10s": " (nms=False: NMS-free head)",
+    "rtdetr-l-raw": " (head's top-k bypassed: [B, 300, 4+80])",
+}
 FAMILIES = {
-    **{
-        name: f"Ultralytics {f.yaml}{' (nms=False: NMS-free head)' if f.end2end else ''}"
-        for name, f in ultra.FAMILIES.items()
-    },
+    **{name: f"Ultralytics {f.yaml}{_LIST_NOTE.get(name, '')}" for name, f in ultra.FAMILIES.items()},
     "yolox-s": "YOLOX-s, official yolox package, decode_in_inference=False",
     "ssdlite": "torchvision ssdlite320_mobilenet_v3_large: its own export + a batched boxes/scores wrapper",
     "tfod-ssdlite": "4 outputs imitating the TF Object Detection API contract, from the SSDlite wrapper",
