@@ -79,8 +79,8 @@ def problems_of(path: Path) -> list[str]:
 BAD = [
     (
         "unknown-top-key",
-        GOOD + "colour: red  # <-\n",
-        "colour",
+        GOOD + "flavour: red  # <-\n",
+        "flavour",
         ["unknown key", "valid keys here: streams"],
         1,
     ),
