@@ -26,11 +26,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streamd.checks.compare import match_detections  # noqa: E402
+from streamd.checks.compare import agree  # noqa: E402
 from streamd.config import load_config  # noqa: E402
 from streamd.resources import bundled_path  # noqa: E402
 
 CLIP = bundled_path("samples", "vtest.mp4")
+CPU_DRY_RUN = False  # --cpu: the engine on the CPU and the CPU twin (a check of this script, not a result)
 
 
 def read_frames(path: Path, n: int) -> list[np.ndarray]:
@@ -65,13 +66,12 @@ def gpu_detections(engine: Any, spec: Any, raw: np.ndarray) -> list[Any]:
     return out
 
 
-def run_model(config_path: Path, n_frames: int, engine_type: str, precision: str, margin: float) -> dict:
-    from streamd.checks.verify import VerifyPlan, create_engine
-    from streamd.engines.base import parts_of
+def run_model(
+    config_path: Path, n_frames: int, engine_type: str, precisions: list[str], margin: float
+) -> list:
+    """One row per precision: the GPU engine + kernels vs ONNX Runtime CPU + the CPU twin (computed once)."""
+    from streamd.checks.verify import create_engine
     from streamd.engines.options import EngineOptions
-    from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
-    from streamd.stages.postprocess.head import HeadSettings
-    from streamd.stages.postprocess.resolve import resolve_head
     from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 
     config = load_config(config_path)
@@ -83,12 +83,39 @@ def run_model(config_path: Path, n_frames: int, engine_type: str, precision: str
     for i, image in enumerate(images):
         pre(image, batch[i])
     size = (int(w), int(h))
-    t0 = time.perf_counter()
     ref_engine = create_engine(
         "onnxruntime", m.path, EngineOptions(max_batch=8, precision="fp32", device="cpu", input_size=size),
         verify=False,
     )  # fmt: skip
-    options = EngineOptions(max_batch=8, precision=precision, device=0, input_size=size)
+    t0 = time.perf_counter()
+    ref_out = np.concatenate([ref_engine.infer(batch[i : i + 8]) for i in range(0, len(batch), 8)])
+    ref_s = time.perf_counter() - t0
+    ref_engine.close()
+    rows = []
+    for precision in precisions:
+        try:
+            row = _gpu_row(config, batch, ref_out, engine_type, precision, margin)
+        except Exception as exc:  # one precision's failure is a row
+            row = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+        rows.append({"config": str(config_path), "model": m.path.name, "precision": precision,
+                     "frames": len(images), "ref_cpu_s": round(ref_s, 1), **row})  # fmt: skip
+    return rows
+
+
+def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: str, precision: str,
+             margin: float) -> dict:  # fmt: skip
+    from streamd.checks.verify import VerifyPlan, create_engine
+    from streamd.engines.base import parts_of
+    from streamd.engines.options import EngineOptions
+    from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
+    from streamd.stages.postprocess.head import HeadSettings
+    from streamd.stages.postprocess.resolve import resolve_head
+
+    m = config.model
+    size = (int(m.input_size[0]), int(m.input_size[1]))
+    t0 = time.perf_counter()
+    device: int | str = "cpu" if CPU_DRY_RUN else 0
+    options = EngineOptions(max_batch=8, precision=precision, device=device, input_size=size)
     gpu = create_engine(engine_type, m.path, options, verify=VerifyPlan.from_config(config))
     start_s = time.perf_counter() - t0
     try:
@@ -97,28 +124,30 @@ def run_model(config_path: Path, n_frames: int, engine_type: str, precision: str
             head.layout, len(m.class_names), m.score_threshold, m.iou_threshold, m.max_detections, m.top_k,
             head=head,
         )  # fmt: skip
-        ref_out = np.concatenate([ref_engine.infer(batch[i : i + 8]) for i in range(0, len(batch), 8)])
         gpu_out = np.concatenate([gpu.infer(batch[i : i + 8]) for i in range(0, len(batch), 8)])
         ref = CpuPostprocessor(spec)(ref_out.astype(np.float32))
-        got = [d for i in range(0, len(gpu_out), 8) for d in gpu_detections(gpu, spec, gpu_out[i : i + 8])]
+        if CPU_DRY_RUN:  # the flow without a GPU: the CPU twin in place of the kernels
+            got = CpuPostprocessor(spec)(gpu_out.astype(np.float32))
+        else:
+            got = [
+                d for i in range(0, len(gpu_out), 8) for d in gpu_detections(gpu, spec, gpu_out[i : i + 8])
+            ]
         cut = m.score_threshold + margin
         n_ref = n_got = hit_ref = hit_got = 0
         ious: list[float] = []
         for r, g in zip(ref, got, strict=True):
-            a, b, iou = match_detections(r, g, cut, 0.95)
-            c, d, _ = match_detections(g, r, cut, 0.95)
+            a, b, c, d, iou = agree(r, g, cut, 0.95, m.iou_threshold if head.nms else None)
             n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
             ious += iou
         verdict = getattr(gpu, "verification", None) or {}
         return {
-            "config": str(config_path),
-            "model": m.path.name,
             "engine": gpu.name,
             "layout": head.layout,
             "note": head.note,
             "verified": verdict.get("passed"),
+            "verify_matched": verdict.get("matched"),
             "verify_outputs": [(o["name"], round(o["max_abs"], 5)) for o in verdict.get("outputs", [])],
-            "frames": len(images),
+            "threshold": m.score_threshold,
             "ref_detections": n_ref,
             "gpu_detections": n_got,
             "matched": round(min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0), 4),
@@ -127,48 +156,47 @@ def run_model(config_path: Path, n_frames: int, engine_type: str, precision: str
         }
     finally:
         gpu.close()
-        ref_engine.close()
 
 
 ZOO_MODEL = """model:
   path: {path}
   input_size: [{size}, {size}]
-  channel_order: {order}
-  mean: [0, 0, 0]
-  std: [{std}, {std}, {std}]
-  resize: {resize}
-  score_threshold: {threshold}
+{prep}  score_threshold: {threshold}
 {extra}streams:
   - id: cam
     url: {clip}
 sinks:
   - type: stdout
 """
+RGB01 = "  channel_order: rgb\n  mean: [0, 0, 0]\n  std: [255, 255, 255]\n"
+BGR255 = "  channel_order: bgr\n  mean: [0, 0, 0]\n  std: [1, 1, 1]\n"
+
+
+def _threshold(entry: dict) -> float:
+    """The highest probe threshold that still leaves 10 detections on the probe frame (random weights)."""
+    above = {float(k): v for k, v in entry.get("probe", {}).get("detections_above", {}).items()}
+    good = [t for t, n in above.items() if n >= 10]
+    return max(good) if good else min(above, default=0.25)
 
 
 def zoo_configs(zoo: Path, out: Path) -> list[Path]:
-    """One config per model of a ``tools/model_zoo.py`` manifest (``MANIFEST.json`` in ``zoo``)."""
-    manifest = json.loads((zoo / "MANIFEST.json").read_text())
-    models = manifest["models"] if isinstance(manifest, dict) else manifest
+    """One config per model of a ``tools/model_zoo.py --manifest`` folder (its ``MANIFEST.json``)."""
+    files = json.loads((zoo / "MANIFEST.json").read_text())["files"]
     configs = []
-    for entry in models:
-        if entry.get("runs") is False:  # e.g. torchvision's own unbatchable export, there to be refused
+    for name, entry in sorted(files.items()):
+        if entry.get("variant") == "standard":  # torchvision's own export: one image, refused by design
             continue
         yolox = entry["family"].startswith("yolox")
-        threshold = entry.get("probe", {}).get("threshold", 0.25)
-        extra = "  layout: yolox\n" if yolox and "decode" not in entry.get("variant", "") else ""
-        classes = entry.get("num_classes")
-        if classes and classes != 80:
-            extra += f"  class_names: [{', '.join(f'c{i}' for i in range(classes))}]\n"
-        path = out / f"{Path(entry['file']).stem}.yaml"
+        extra = "  layout: yolox\n" if yolox else ""
+        if "ssdlite" in entry["family"]:  # torchvision's 90 COCO labels (background dropped)
+            extra += "  class_names: [" + ", ".join(f"c{i}" for i in range(90)) + "]\n"
+        path = out / f"{Path(name).stem}.yaml"
         path.write_text(
             ZOO_MODEL.format(
-                path=zoo / entry["file"],
+                path=zoo / name,
                 size=entry["input_size"][0],
-                order="bgr" if yolox else "rgb",
-                std=1.0 if yolox else 255.0,
-                resize="letterbox",
-                threshold=threshold,
+                prep=BGR255 if yolox else RGB01,
+                threshold=_threshold(entry),
                 extra=extra,
                 clip=CLIP,
             )
@@ -185,10 +213,13 @@ def main() -> int:
     parser.add_argument("--zoo", type=Path, help="a tools/model_zoo.py output folder (MANIFEST.json)")
     parser.add_argument("--frames", type=int, default=100)
     parser.add_argument("--engine", default="auto")
-    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--precisions", nargs="+", default=["fp16", "fp32"])
     parser.add_argument("--margin", type=float, default=0.0, help="reference detections above thr + margin")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cpu", action="store_true", help="dry run without a GPU (engine on the CPU)")
     args = parser.parse_args()
+    global CPU_DRY_RUN
+    CPU_DRY_RUN = args.cpu
     configs = list(args.configs)
     if args.zoo:
         work = args.zoo / "configs"
@@ -197,11 +228,12 @@ def main() -> int:
     rows = []
     for cfg in configs:
         try:
-            row = run_model(cfg, args.frames, args.engine, args.precision, args.margin)
+            got = run_model(cfg, args.frames, args.engine, args.precisions, args.margin)
         except Exception as exc:  # one model's failure is a row, not the end of the run
-            row = {"config": str(cfg), "error": f"{type(exc).__name__}: {exc}"[:400]}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            got = [{"config": str(cfg), "error": f"{type(exc).__name__}: {exc}"[:400]}]
+        for row in got:
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0 if all("error" not in r and r["matched"] >= 0.99 and r["verified"] for r in rows) else 1

@@ -47,7 +47,7 @@ from streamd.stages.postprocess.resolve import resolve_head
 
 log = logging.getLogger(__name__)
 
-VERIFY_VERSION = 1  # bump when inputs, metrics or tolerances change meaning
+VERIFY_VERSION = 2  # bump when inputs, metrics or tolerances change meaning (2: NMS-edge-aware matching)
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 FRAMES = ("verify-vtest-200.jpg", "verify-vtest-600.jpg")
 
