@@ -35,14 +35,17 @@ CPU_DRY_RUN = False  # --cpu: the engine on the CPU and the CPU twin (a check of
 
 
 def read_frames(path: Path, n: int) -> list[np.ndarray]:
-    import av
+    """The first ``n`` frames, BGR (OpenCV: the GPU box has no PyAV)."""
+    import cv2
 
+    cap = cv2.VideoCapture(str(path))
     out = []
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            out.append(frame.to_ndarray(format="bgr24"))
-            if len(out) == n:
-                break
+    while len(out) < n:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        out.append(frame)
+    cap.release()
     return out
 
 
