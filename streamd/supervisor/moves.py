@@ -9,7 +9,7 @@ import logging
 import threading
 
 from streamd.protocol import Abort, EditStreams, Stop
-from streamd.supervisor.pool import WorkerPool, WorkerSlot
+from streamd.supervisor.pool import STREAMS_PER_WORKER, WorkerPool, WorkerSlot
 from streamd.supervisor.reload import ReloadPlan
 
 log = logging.getLogger("streamd.supervisor")
@@ -68,15 +68,18 @@ class StreamMoves:
                 self.pool.send(w, Stop())
             elif w.alive:
                 self.pool.send(w, EditStreams(gone, edits, {}))
+        homeless: list[str] = []
         for sc in plan.added:
             target = self.pool.worker_for_new_stream()
             if target is None:
-                self.waiting.append((sc.id,))
+                homeless.append(sc.id)
                 continue
             target.stream_ids += (sc.id,)
             self.pool.owner[sc.id] = target
             if target.alive:
                 self.pool.send(target, EditStreams([], (sc,), self.pool.resume_for((sc.id,))))
+        for k in range(0, len(homeless), STREAMS_PER_WORKER):  # new workers, each for a share, not one each
+            self.waiting.append(tuple(homeless[k : k + STREAMS_PER_WORKER]))
 
     def _stream_edits_done(self) -> None:
         """A worker's answer to an in-place edit: removed streams leave the sinks (MQTT marks them offline);
