@@ -111,6 +111,14 @@ class Etcd:
     def revoke(self, lease: int) -> None:
         self._post("/kv/lease/revoke", {"ID": lease})
 
+    def revoke_if_alive(self, lease: int) -> None:
+        """Revoke a lease that may have expired already (then etcd says it is not found: fine)."""
+        try:
+            self.revoke(lease)
+        except EtcdError as exc:
+            if "not found" not in str(exc):
+                raise
+
     # -- keys ------------------------------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
         entries, _ = self.range(key, None)

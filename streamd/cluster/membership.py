@@ -49,6 +49,9 @@ class Membership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._down_since: float | None = None
+        self._old_lease = (
+            0  # a lease given up for lost that etcd may still hold (it was away): revoked on return
+        )
 
     @property
     def valid(self) -> bool:
@@ -99,6 +102,9 @@ class Membership:
                     continue
                 if self.lease:  # expired in etcd: everything attached to it is gone
                     self._lose("its lease expired in etcd")
+                if self._old_lease:  # its keys (node, owners) go now rather than at its expiry
+                    self.etcd.revoke_if_alive(self._old_lease)
+                    self._old_lease = 0
                 self._grant()
                 if not self._create_key():  # our old key, from an older lease, not expired yet
                     self.etcd.revoke(self.lease)
@@ -119,6 +125,7 @@ class Membership:
                     self._lose("etcd unreachable past the lease deadline")
 
     def _lose(self, why: str) -> None:
+        self._old_lease = self.lease
         self.lease, self.deadline = 0, 0.0
         self.generation += 1  # before any new lease: the streams held under this one stay fenced
         self.lost += 1

@@ -163,7 +163,9 @@ class ClusterNode:
             return
         pos = view.positions.get(sid)
         before = self._seen_owner.get(sid) or (pos.node if pos else "")
-        if pos is None:
+        if before == self.name:
+            why = "back on this node after it lost its lease"
+        elif pos is None:
             why = "placed here (new stream)"
         elif pos.final:
             why = f"handed over by {pos.node}"

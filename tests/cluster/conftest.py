@@ -12,6 +12,7 @@ from tests.cluster._etcd import EtcdServer, needs_etcd
 def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
     """A fresh etcd on loopback for one test (skips when etcd is not installed)."""
     needs_etcd()
+    pytest.importorskip("etcd3gw")
     server = EtcdServer(tmp_path)
     server.start()
     try:

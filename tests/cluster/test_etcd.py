@@ -31,6 +31,9 @@ def test_owner_key_only_if_absent_and_gone_with_its_lease(etcd_server: EtcdServe
     client.revoke(lease_a)  # a dies cleanly: its key goes with its lease
     assert b.read().owner == {} and b.claim("cam1", lease_b) > rev
     assert client.keepalive(lease_a) == -1 and client.keepalive(lease_b) > 0
+    client.revoke_if_alive(lease_a)  # gone already: fine
+    with pytest.raises(EtcdError, match="not found"):
+        client.revoke(lease_a)
     assert not a.release("cam1", rev, None)  # a's old claim is not b's key
     client.close()
 
