@@ -281,7 +281,9 @@ class ClusterNode:
                 if sid not in running:
                     self._stopped.add(sid)
             ids = tuple(self.held)
-        self._local.update(host.stream_positions(ids))
+        positions = host.stream_positions(ids)
+        with self._lock:
+            self._local.update(positions)
         if seed:
             host.seed_positions(seed)
         current = {s.id: s for s in host.config.streams}
