@@ -120,7 +120,12 @@ def load_shipped(text: str, tmp_path: Path):
     text = text.replace("/var/lib/streamd/", f"{state}/").replace("/opt/streamd/samples/", f"{ROOT}/samples/")
     path = tmp_path / "streamd.yaml"
     path.write_text(text)
-    return load_config(path), state
+    # what the StatefulSet passes to every pod (cluster: reads it); a value, never a connection, at load time
+    env = {"STREAMD_ETCD_ENDPOINTS": "http://etcd-0.etcd:2379", "STREAMD_NODE_NAME": "streamd-l4-0"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        return load_config(path), state
 
 
 def test_the_configmap_holds_a_valid_config(rendered, tmp_path) -> None:
@@ -134,6 +139,8 @@ def test_the_configmap_holds_a_valid_config(rendered, tmp_path) -> None:
     (sink,) = config.sinks
     assert sink.type == "redis" and sink.spool_dir == state / "spool"  # on the pod's volume
     assert config.metrics.enabled and config.metrics.host == "0.0.0.0" and config.metrics.port == METRICS_PORT
+    assert config.cluster.enabled and config.cluster.etcd == ("http://etcd-0.etcd:2379",)  # the pod env
+    assert config.cluster.node == "streamd-l4-0"
 
 
 def test_the_image_default_config_is_valid(tmp_path) -> None:
