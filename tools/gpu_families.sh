@@ -46,6 +46,27 @@ PY
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_heads_gpu.py tests/gpu/test_postprocess_gpu.py \
         tests/engines/gpu/test_op_coverage_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
     ;;
+zoo2)  # the machine still warm from `zoo`: twin tests, then bench_families with the torch engine (its
+    # verdict kept, the rows measured even where it refuses), two shards at once
+    install
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_heads_gpu.py tests/gpu/test_postprocess_gpu.py \
+        tests/engines/gpu/test_op_coverage_gpu.py 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
+    t0=$(date +%s)
+    for k in 0 1; do
+        timeout 400 python3 bench/bench_families.py --zoo "$ZOO" --frames 100 --engine torch --precisions fp32 fp16 \
+            --shard "$k/2" --json "$OUT/families-$k.json" >"$OUT/families-$k.txt" 2>"$OUT/families-$k-stderr.txt" &
+    done
+    wait
+    echo "bench_families done in $(( $(date +%s) - t0 )) s"
+    python3 - "$OUT"/families-*.json <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for r in json.load(open(path)):
+        print(r.get("model"), r.get("precision"), r.get("engine"), r.get("layout"), "verified", r.get("verified"),
+              "verify_matched", r.get("verify_matched"), "matched", r.get("matched"), "ref", r.get("ref_detections"),
+              "gpu", r.get("gpu_detections"), "start", r.get("start_s"), (r.get("error") or r.get("refused") or "")[:260])
+PY
+    ;;
 ceiling)
     install
     for m in yolov8s-640-dyn rtdetr-l-640-dyn; do

@@ -31,6 +31,6 @@ def test_op_matches_onnxruntime_on_cuda(case):
             convert_onnx(case.model, case.id)
         return
     module, _ = convert_onnx(case.model, case.id)
-    module = place(module, torch.device("cuda", 0), half=False, channels_last=False)
+    module = place(module, torch.device("cuda", 0), None, channels_last=False)
     torch.backends.cudnn.allow_tf32 = False  # compare FP32 with FP32
     assert_same(case, run_torch(module, case, device="cuda"), case.reference())
