@@ -18,7 +18,7 @@ from tests.conftest import CLIP
 
 TTL = 3
 KEY = PREFIX + "/streams"
-pytestmark = pytest.mark.usefixtures("assets")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("assets")]
 
 
 def _wait(what: str, cond, nodes: list[Node], lines: Lines, timeout: float = 60.0) -> None:

@@ -15,7 +15,7 @@ from tests.cluster._nodes import Lines, Node, owners, stream_yaml
 from tests.conftest import CLIP
 
 TTL = 4
-pytestmark = pytest.mark.usefixtures("assets")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("assets")]
 
 
 def test_etcd_away_fences_at_the_deadline_then_the_node_comes_back(tmp_path: Path, etcd_server: EtcdServer):

@@ -26,7 +26,7 @@ from tests.sources.conftest import RtspServer, _rtsp_server_missing
 TTL = 3
 S = 12
 STEP = 10  # detect_fps 1 on a 10 fps clip: a line every 10 frames
-pytestmark = pytest.mark.usefixtures("assets")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("assets")]
 
 
 def _wait(what: str, cond, nodes: list[Node], lines: Lines, timeout: float) -> float:
