@@ -59,7 +59,9 @@ class ClusterNode:
         self._etcd = Etcd(cfg.etcd, cfg.timeout_s)  # this object's thread has its own connection
         self.keys = Keys(self._etcd, cfg.prefix, cfg.node)
         self.streams = StreamList(self._etcd, config)
-        self._lock = threading.Lock()  # what the loop thread and the supervisor's thread share, below
+        # What the loop thread shares with the supervisor's and the metrics threads, below (reentrant: a move
+        # is noted while the lock is held).
+        self._lock = threading.RLock()
         self.held: dict[str, int] = {}  # stream -> create revision of our owner key
         self._allowed: set[str] = set()  # streams whose lines may be written (the fence, with the lease)
         self._wanted: dict[str, StreamConfig] = {}  # streams that should run here
@@ -262,8 +264,11 @@ class ClusterNode:
         self._lease_info = info
 
     def _move(self, way: str, sid: str, src: str, dst: str, why: str) -> None:
-        (self.moves_in if way == "in" else self.moves_out)[why.split(":")[0]] += 1
-        self.recent.append({"t": round(time.time(), 3), "stream": sid, "from": src, "to": dst, "reason": why})
+        with self._lock:
+            (self.moves_in if way == "in" else self.moves_out)[why.split(":")[0]] += 1
+            self.recent.append(
+                {"t": round(time.time(), 3), "stream": sid, "from": src, "to": dst, "reason": why}
+            )
         if way == "in":
             log.info("cluster: stream %s moved to %s from %s: %s", sid, dst, src or "nowhere", why)
         else:
@@ -307,8 +312,12 @@ class ClusterNode:
 
     # -- status ----------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        """For /api/status, /metrics and the status page (the metrics server's thread)."""
         view, now = self.view, time.monotonic()
         m = self.membership
+        with self._lock:
+            here, moves_in, moves_out = sorted(self.held), dict(self.moves_in), dict(self.moves_out)
+            recent = list(self.recent)[-10:]
         nodes = {}
         for node, capacity in sorted(view.nodes.items()):
             left, granted = self._lease_info.get(node, (-1, 0))
@@ -327,11 +336,11 @@ class ClusterNode:
             "lease_left_s": round(max(0.0, m.deadline - now), 2) if m.lease else 0.0,
             "leases_lost": m.lost,
             "streams_total": len(self.streams.streams),
-            "streams_here": sorted(self.held),
+            "streams_here": here,
             "nodes": nodes,
-            "moves_in": dict(self.moves_in),
-            "moves_out": dict(self.moves_out),
-            "recent_moves": list(self.recent)[-10:],
+            "moves_in": moves_in,
+            "moves_out": moves_out,
+            "recent_moves": recent,
             "fenced_lines": self.fenced_lines,
             "stream_list": self.streams.status(),
         }
