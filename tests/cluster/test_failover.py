@@ -95,7 +95,7 @@ def test_failover_rebalance_and_fencing(tmp_path: Path, etcd_server: EtcdServer)
         before = _settle(etcd_server, running, lines, timeout=90)
 
         # 1. kill -9 one node: its streams move to the survivors within TTL + 5 s, frame indices continue
-        victim = max(nodes.values(), key=lambda n: sum(v == n.name for v in before.values()))
+        victim = nodes[before["rtsp"]]  # the camera's node: the live stream fails over too
         moved = sorted(sid for sid, n in before.items() if n == victim.name)
         killed_at = time.monotonic()
         victim.kill()
