@@ -66,3 +66,24 @@ def test_streams_may_live_in_etcd_only() -> None:
     assert config.streams == () and config.cluster.streams_key == "/streamd/streams"
     with pytest.raises(ConfigError, match="streams: required key missing"):
         parse_config({"cluster": {**cluster, "streams_key": ""}}, Path("."))
+
+
+def test_a_stream_list_key_is_checked_like_the_file() -> None:
+    from streamd.cluster import auto_capacity
+    from streamd.cluster.streams import parse_stream_list
+
+    running = parse_config({"streams": STREAMS}, Path("."))
+    (cam,) = parse_stream_list("streams:\n  - id: b\n    url: rtsp://cam/2\n", "etcd key /s", running)
+    assert cam.id == "b" and cam.url == "rtsp://cam/2"
+    with pytest.raises(ConfigError) as bad:
+        parse_stream_list(
+            "streams:\n  - id: b\n    url: rtsp://cam/2\n    detect_fps: -3\n", "etcd key /s", running
+        )
+    assert bad.value.problems[0].startswith("etcd key /s:4: streams[0].detect_fps: expected")
+    with pytest.raises(ConfigError, match="only streams: belongs in the stream list key"):
+        parse_stream_list("streams: []\nsinks: []\n", "etcd key /s", running)
+    with pytest.raises(ConfigError, match="expected YAML with a streams: list"):
+        parse_stream_list("- id: b\n", "etcd key /s", running)
+    assert (
+        auto_capacity(parse_config({"streams": STREAMS, "engine": {"type": "onnxruntime"}}, Path("."))) == 8
+    )
