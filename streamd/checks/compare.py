@@ -175,6 +175,7 @@ def compare(
     ``parts``: a packed several-output model's outputs (each compared on its own, by name);
     ``postprocess``: a ``PostprocessSpec`` (its ``head``, or its layout resolved from the output's shape)."""
     from streamd.stages.postprocess.cpu import CpuPostprocessor, head_for
+    from streamd.stages.postprocess.read import decode_rows
 
     tol = TOLERANCES.get(precision, TOLERANCES["fp32"])
     ref = reference.astype(np.float64)
@@ -201,13 +202,26 @@ def compare(
     if end2end:
         got = np.stack([_align_rows(r, g) for r, g in zip(ref, got, strict=True)])
     errors = []
-    if len(parts) > 1:
+    # A set of rows the model picked itself (DETR's queries, TF's top-100): twins may swap places, and a row
+    # at the selection's edge may be in one output only. Rows are paired by their decoded (box, score,
+    # class), and the max error is taken over the rows whose reference score passes the threshold.
+    picked = head is not None and spec is not None and not end2end and (head.layout == "detr" or head.classes)
+    if len(parts) > 1 or picked:
+        pieces = parts if len(parts) > 1 else (OutputPart(output_name, tuple(ref.shape[1:])),)
         flat_ref, flat_got = ref.reshape(len(ref), -1), got.reshape(len(got), -1)
-        if head is not None and head.classes is not None:  # the model picked its rows: twins may swap
-            flat_got = _align_parts(head, parts, flat_ref, flat_got)
-        for p in parts:
+        mask = None
+        if picked and head is not None and spec is not None:
+            flat_got = _align_parts(head, pieces, flat_ref, flat_got)
+            _, score, _, valid = decode_rows(head, flat_ref.astype(np.float32))
+            mask = valid & (score > spec.score_threshold)
+        for p in pieces:
             span = slice(p.offset, p.offset + p.size)
-            max_abs, mean_abs, scale = _errors(flat_ref[:, span], flat_got[:, span], tol, None)
+            r, g = flat_ref[:, span], flat_got[:, span]
+            rows = None
+            if mask is not None and head is not None and p.shape and p.shape[0] == head.candidates:
+                r, g = r.reshape(len(r), p.shape[0], -1), g.reshape(len(g), p.shape[0], -1)
+                rows = mask
+            max_abs, mean_abs, scale = _errors(r, g, tol, rows)
             ok = mean_abs <= tol.mean_rel * scale and max_abs <= tol.max_rel * scale
             errors.append(OutputError(p.name, max_abs, mean_abs, scale, ok))
     else:
@@ -223,8 +237,8 @@ def compare(
         n_ref = n_got = hit_ref = hit_got = 0
         ious: list[float] = []
         nms_iou = spec.iou_threshold if head.nms else None
-        for r, g in zip(post(reference.astype(np.float32)), post(output.astype(np.float32)), strict=True):
-            a, b, c, d, i = agree(r, g, cut, tol.iou, nms_iou)
+        for rd, gd in zip(post(reference.astype(np.float32)), post(output.astype(np.float32)), strict=True):
+            a, b, c, d, i = agree(rd, gd, cut, tol.iou, nms_iou)
             n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
             ious += i
         rate = min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0)
