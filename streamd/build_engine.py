@@ -33,7 +33,9 @@ def add_build_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("config", nargs="?", help="YAML config file (default: the bundled demo config)")
     p.add_argument("--model", type=Path, help="ONNX model (default: the config's model.path)")
-    p.add_argument("--precision", choices=PRECISIONS, help="overrides engine.precision")
+    p.add_argument(
+        "--precision", choices=[x for x in PRECISIONS if x != "bf16"], help="overrides engine.precision"
+    )  # bf16 is the torch engine's only (TensorRT builds fp32, fp16 or int8 plans)
     p.add_argument("--max-batch", type=int, help="overrides engine.max_batch (the profile's max)")
     p.add_argument("--opt-batch", type=int, help="batch TensorRT tunes for (default: max batch)")
     p.add_argument("--workspace-mb", type=int, help="builder workspace limit in MiB (default 4096)")
@@ -53,6 +55,13 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
         print("streamd build-engine: no model: give --model or a config with model.path", file=sys.stderr)
         return 1
     precision = args.precision or getattr(engine_cfg, "precision", "fp16")
+    if precision == "bf16":
+        print(
+            "streamd build-engine: engine.precision bf16 is the torch engine's; TensorRT plans are fp32, fp16 "
+            "or int8 (give --precision)",
+            file=sys.stderr,
+        )
+        return 78
     max_batch = args.max_batch or getattr(engine_cfg, "max_batch", 8)
     device = args.device if args.device is not None else getattr(engine_cfg, "device", 0)
     cache_dir = args.cache_dir or getattr(engine_cfg, "cache_dir", None)

@@ -1,9 +1,9 @@
 """Every family of the model zoo (tests/data/zoo: Ultralytics YOLOv8s/YOLO11s/YOLOv10s/YOLO26s/RT-DETR-l,
 YOLOX-s, torchvision SSDlite, a TF-OD-API-style export; tiny random-weight versions at 160², built by
-tools/model_zoo.py with each family's own exporter) runs end to end through ``streamd run`` on ONNX Runtime and
-on torch (CPU), with ``layout`` left to auto (the metadata or the names) except where auto must refuse (YOLOX's
-raw [B, 525, 85] is also a decoded yolov5 shape): schema-valid lines, detections, class ids in range; torch
-passes the start-up check against ONNX Runtime."""
+tools/model_zoo.py with each family's own exporter) runs end to end through ``streamd run`` on ONNX Runtime
+and on torch (CPU), with ``layout`` left to auto (the metadata or the names) except where auto must refuse
+(YOLOX's raw [B, 525, 85] is also a decoded yolov5 shape): schema-valid lines, detections, class ids in
+range; torch passes the start-up check against ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def test_family_runs_end_to_end(tmp_path: Path, short_clip: Path, model: str, en
     out = tmp_path / "out.jsonl"
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
-        f"streams:\n  - id: cam\n    url: {short_clip}\nmodel:\n  path: {ZOO / model}\n  input_size: [160, 160]\n"
+        f"streams:\n  - id: cam\n    url: {short_clip}\nmodel:\n  path: {ZOO / model}\n"
+        "  input_size: [160, 160]\n"
         f"{extra}  score_threshold: {threshold}\nengine:\n  type: {engine}\n  precision: fp32\n"
         f"  cache_dir: {tmp_path / 'cache'}\nsinks:\n  - type: jsonl\n    path: {out}\n"
     )
