@@ -57,8 +57,8 @@ def run_build_engine(args: argparse.Namespace, config: Any) -> int:
     precision = args.precision or getattr(engine_cfg, "precision", "fp16")
     if precision == "bf16":
         print(
-            "streamd build-engine: engine.precision bf16 is the torch engine's; TensorRT plans are fp32, fp16 "
-            "or int8 (give --precision)",
+            "streamd build-engine: engine.precision bf16 is the torch engine's; TensorRT plans are fp32, "
+            "fp16 or int8 (give --precision)",
             file=sys.stderr,
         )
         return 78
