@@ -223,6 +223,9 @@ def measure(runner: Any, batch: int, seconds: float) -> dict:
 
 
 def git_commit() -> str:
+    """``STREAMD_COMMIT`` (set it on the GPU box, whose copy of the tree may carry a stale .git), else git."""
+    if os.environ.get("STREAMD_COMMIT"):
+        return os.environ["STREAMD_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10

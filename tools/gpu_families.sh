@@ -7,6 +7,7 @@
 #   tools/gpu_families.sh ceiling    # (machine still warm: /tmp/zoo) bench_engines for YOLOv8s and RT-DETR-l
 #                                    # at 640, fp16 and bf16 (~7 min)
 #
+# Pass STREAMD_COMMIT=<hash> (the box's copy of the tree may hold a stale .git; bench tables print it).
 # Carry: .whl-zoo (tools/zoo_wheels.txt + the YOLOX sdist; add onnx2torch and lap wheels to it: the tree
 # with tests/data/zoo leaves no room for .whl and its 27 MB PyNvVideoCodec, which these modes do not use).
 set -uo pipefail
