@@ -101,8 +101,9 @@ def agree(
     sup_ref = (got.score[None] >= ref.score[:, None] - 1e-3) & same & (iou > nms_iou - NMS_EDGE)
     sup_got = (ref.score[:, None] >= got.score[None] - 1e-3) & same & (iou > nms_iou - NMS_EDGE)
     edge = np.abs(iou - nms_iou) <= NMS_EDGE
-    fine_ref = ok_ref | (sup_ref & edge).any(axis=1)
-    fine_got = ok_got | (sup_got & edge).any(axis=0)
+    # the box that suppressed it is kept by both sides (it has its own twin): never an unexplained box
+    fine_ref = ok_ref | (sup_ref & edge & ok_got[None]).any(axis=1)
+    fine_got = ok_got | (sup_got & edge & ok_ref[:, None]).any(axis=0)
     for _ in range(len(ref.score) + len(got.score)):  # cascades: suppressed by an excused flip
         more_ref = fine_ref | (sup_ref & (~ok_got & fine_got)[None]).any(axis=1)
         more_got = fine_got | (sup_got & (~ok_ref & fine_ref)[:, None]).any(axis=0)

@@ -54,3 +54,11 @@ def test_different_boxes_never_excuse_each_other() -> None:
     ref = dets([A], [0.9])
     got = dets([[20, 0, 120, 100]], [0.9])  # IoU 0.67
     assert agree(ref, got, 0.3, 0.95, nms_iou=0.45)[:4] == (1, 0, 1, 0)
+
+
+def test_two_wrong_boxes_on_the_edge_do_not_excuse_each_other() -> None:
+    """A box shifted so its IoU with the reference's lands on the NMS threshold (review finding): still a miss
+    both ways — the excusing box must be one both sides kept."""
+    ref = dets([[0, 0, 100, 100]], [0.8])
+    got = dets([[38, 0, 138, 100]], [0.8])  # IoU 0.449
+    assert agree(ref, got, 0.3, 0.95, nms_iou=0.45)[:4] == (1, 0, 1, 0)

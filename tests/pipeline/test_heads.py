@@ -183,3 +183,46 @@ def test_fp16_rows_decode_as_float32() -> None:
     for g, w in zip(got, want, strict=True):
         assert np.array_equal(g, w)
     assert replace(head_of("yolox"), note="x") == head_of("yolox")  # the note is not part of the identity
+
+
+def test_class_major_scores_are_read_by_class() -> None:
+    """scores [B, C, N] next to boxes [B, N, 4] (review finding): read with strides (1, N), not as [N, C]."""
+    rng = np.random.default_rng(2)
+    boxes = rng.uniform(0, 100, (1, 6, 4)).astype(np.float32)
+    scores = rng.uniform(0, 1, (1, 3, 6)).astype(np.float32)
+    parts = pack_parts([("boxes", (6, 4)), ("scores", (3, 6))])
+    head = resolve_head(HeadSettings(num_classes=3, box_format="xyxy", box_units="pixels",
+                                     outputs={"boxes": "boxes", "scores": "scores"}), parts)  # fmt: skip
+    rows = np.concatenate([boxes.reshape(1, -1), scores.reshape(1, -1)], axis=1)
+    _, score, cls, _ = decode_rows(head, rows)
+    assert (cls[0] == scores[0].argmax(axis=0)).all() and np.allclose(score[0], scores[0].max(axis=0))
+
+
+def test_a_classes_output_beside_per_class_scores_is_refused() -> None:
+    parts = pack_parts([("boxes", (5, 4)), ("scores", (5, 3)), ("labels", (5,))])
+    settings = HeadSettings(num_classes=3, box_format="xyxy", box_units="pixels",
+                            outputs={"boxes": "boxes", "scores": "scores", "classes": "labels"})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^model.outputs.classes: with a classes output"):
+        resolve_head(settings, parts)
+
+
+def test_named_tf_outputs_keep_the_tf_conventions() -> None:
+    """model.outputs naming TF's outputs gives what auto gives: yxyx, normalised, label - 1."""
+    f = FAMILIES["tf-od-api"]
+    mapping = {"boxes": "detection_boxes", "scores": "detection_scores", "classes": "detection_classes",
+               "count": "num_detections"}  # fmt: skip
+    named = resolve_head(HeadSettings(input_size=(W, H), outputs=mapping), f.parts())
+    auto = resolve_head(f.settings, f.parts())
+    assert named == auto and (named.class_offset, named.box_format) == (1, "yxyx")
+
+
+def test_detr_with_named_outputs_keeps_detr_defaults() -> None:
+    f = FAMILIES["detr-sigmoid"]
+    mapping = {"boxes": "pred_boxes", "scores": "pred_logits"}
+    named = resolve_head(HeadSettings("detr", input_size=(W, H), outputs=mapping), f.parts())
+    assert (named.activation, named.nms, named.box_format, named.box_scale) == (
+        "sigmoid",
+        False,
+        "cxcywh",
+        (W, H),
+    )

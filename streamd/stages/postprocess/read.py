@@ -69,7 +69,8 @@ def _activate(head: Head, best: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if head.activation == "softmax":  # over every score column, a trailing "no object" one included
         every = np.asarray(_view(rows, *head.scores, head.candidates, head.softmax_cols), np.float32)
         top = every.max(axis=-1)
-        total = np.exp(every - top[..., None]).sum(axis=-1, dtype=np.float32)
+        # summed column by column, as the kernel does (numpy's .sum adds pairwise: other float32 roundings)
+        total = np.cumsum(np.exp(every - top[..., None]), axis=-1, dtype=np.float32)[..., -1]
         return np.exp(best - top) / total
     return best
 

@@ -17,6 +17,7 @@ from streamd.stages.postprocess.head import (
     LAYOUTS,
     SUPPORTED,
     TF_NAMES,
+    TORCHVISION_NAMES,
     Head,
     HeadSettings,
     OutputPart,
@@ -306,12 +307,26 @@ def _mapped(
     if box.shape[-1:] != (4,) or box.size % 4:
         raise ValueError(f"model.outputs.boxes: {box.name} {_text(('B', *box.shape))} is not [B, N, 4]")
     n, c = box.size // 4, s.num_classes
-    cols = score.size // n if score.size % n == 0 else 0
+    dims = [d for d in score.shape if d != 1] or [1]  # [B, N, 1] reads as [B, N]
+    if dims in ([n], [1]) and n == score.size:
+        cols, strides = 1, (1, 1)
+    elif len(dims) == 2 and dims[0] == n:  # [B, N, K]: candidate-major
+        cols, strides = dims[1], (dims[1], 1)
+    elif len(dims) == 2 and dims[1] == n:  # [B, K, N]: class-major (yolov8-like)
+        cols, strides = dims[0], (1, n)
+    else:
+        cols, strides = 0, (0, 0)
     if cols not in (1, c, c + 1) or (cols == 1 and cls is None and c != 1):
         raise ValueError(
             f"model.outputs.scores: {score.name} {_text(('B', *score.shape))} does not hold one score per "
             f"box (with model.outputs.classes) or {c} class scores per box for the {n} boxes of {box.name}; "
             "check model.outputs and model.class_names"
+        )
+    if cls is not None and cols > 1:
+        raise ValueError(
+            f"model.outputs.classes: with a classes output ({cls.name}) the scores must be one per box; "
+            f"{score.name} {_text(('B', *score.shape))} holds {cols}: drop model.outputs.classes (the best "
+            "class is taken from the scores) or name the per-box score output"
         )
     if cls is not None and cls.size != n:
         raise ValueError(
@@ -321,28 +336,33 @@ def _mapped(
         raise ValueError(
             f"model.outputs.count: {count.name} {_text(('B', *count.shape))} is not one number per image"
         )
-    tf = why.startswith("TF")
-    torchvision = why.startswith("torchvision")
+    # Known exports by their names, whether auto found them or the mapping names them.
+    tf = mapping.get("boxes") == TF_NAMES["boxes"] and mapping.get("scores") == TF_NAMES["scores"]
+    torchvision = (mapping.get("boxes"), mapping.get("scores")) == TORCHVISION_NAMES
+    detr = s.layout == "detr"
     fmt, scale, units = _box(
         s,
-        "yxyx" if tf else "xyxy" if torchvision else None,
-        "normalized" if tf else "pixels" if torchvision else None,
+        "yxyx" if tf else "xyxy" if torchvision else "cxcywh" if detr else None,
+        "normalized" if tf or detr else "pixels" if torchvision else None,
     )
     offset = s.class_offset if s.class_offset is not None else (1 if tf else 0)
-    act = _activation(s, "softmax" if cols == c + 1 and cols > 1 else "none")
-    nms = cls is None
-    layout = "detr" if s.layout == "detr" else "outputs"
+    if detr:  # DETR's logits: sigmoid, or softmax with a trailing "no object"; a set, no NMS
+        act = _activation(s, "softmax" if cols == c + 1 else "sigmoid")
+    else:
+        act = _activation(s, "softmax" if cols == c + 1 and cols > 1 else "none")
+    nms = cls is None and not detr
+    layout = "detr" if detr else "outputs"
     said = f" ({why})" if why else ""
     note = (
         f"model.layout {'auto chose ' if why else ''}{layout}{said}: boxes {box.name} ({fmt}, {units}), "
         f"scores {score.name} ({cols} per box, {act})"
         + (f", classes {cls.name} (minus {offset})" if cls is not None else "")
         + (f", count {count.name}" if count is not None else "")
-        + (", class-aware NMS" if nms else ", no NMS (done in the model)")
+        + (", class-aware NMS" if nms else ", no NMS")
     )
     row = max(p.offset + p.size for p in parts)
     return Head(
-        layout, c, n, row, (box.offset, 4, 1), fmt, scale, scores=(score.offset, cols, 1),
+        layout, c, n, row, (box.offset, 4, 1), fmt, scale, scores=(score.offset, *strides),
         score_cols=c if cls is None else 1, softmax_cols=cols if act == "softmax" else 0, activation=act,
         classes=(cls.offset, 1) if cls is not None else None, class_offset=offset,
         count=count.offset if count is not None else None, nms=nms, note=note,
