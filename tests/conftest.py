@@ -156,3 +156,29 @@ def metrics_daemon(tmp_path, assets) -> Iterator[Callable[[str], RunningDaemon]]
 
 def metrics_section(port: int) -> str:
     return f"metrics:\n  enabled: true\n  port: {port}\n"
+
+
+# Tests that measure live-paced streams for gaps, pauses or timing (a frame dropped because another test
+# shares the cores would read as a failure): they run one at a time, after the rest (README: Run the tests).
+SERIAL_FILES = {
+    "tests/test_reload_untouched.py",
+    "tests/test_reload_single_stream.py",
+    "tests/test_reload.py",
+    "tests/test_supervisor.py",
+    "tests/test_wedged_worker.py",
+    "tests/test_bench_live.py",
+    "tests/api/test_control_api.py",
+    "tests/cluster/test_failover.py",
+    "tests/cluster/test_changes.py",
+    "tests/cluster/test_etcd_outage.py",
+    "tests/sources/test_live.py",
+    "tests/sources/test_live_daemon.py",
+    "tests/analytics/test_lines_reload.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().relative_to(root).as_posix() in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
