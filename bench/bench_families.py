@@ -205,7 +205,7 @@ def zoo_configs(zoo: Path, out: Path) -> list[Path]:
         path = out / f"{Path(name).stem}.yaml"
         path.write_text(
             ZOO_MODEL.format(
-                path=zoo / name,
+                path=(zoo / name).resolve(),
                 size=entry["input_size"][0],
                 prep=BGR255 if yolox else RGB01,
                 threshold=_threshold(entry),
@@ -235,8 +235,9 @@ def main() -> int:
     CPU_DRY_RUN = args.cpu
     configs = list(args.configs)
     if args.zoo:
-        work = args.zoo / "configs"
-        work.mkdir(exist_ok=True)
+        import tempfile
+
+        work = Path(tempfile.mkdtemp(prefix="families-"))  # the zoo folder may be read-only (the repo's)
         configs += zoo_configs(args.zoo, work)
     k, n = (int(v) for v in args.shard.split("/"))
     rows = []

@@ -120,3 +120,130 @@ def test_config_errors_are_78(tiny) -> None:
         with pytest.raises(EngineError) as info:
             create_engine("onnxruntime", tiny, **{"max_batch": 2, **kwargs})
         assert info.value.code == EX_CONFIG
+
+
+TORCH_GPU = Machine(tensorrt=False, torch_cuda=True)
+ORT = "streamd.engines.onnxruntime:OnnxRuntimeEngine"
+
+
+def _torch_stand_in(built: list[tuple[str, bool]]):
+    """A "torch" factory that records each precision it is asked for and serves the model with ONNX Runtime
+    (a real engine, so the rest of create_engine runs as on a GPU box)."""
+    from streamd.engines.onnxruntime import OnnxRuntimeEngine
+
+    def factory(path: Path, options: EngineOptions) -> object:
+        built.append((options.precision, options.tf32))
+        return OnnxRuntimeEngine(path, options)
+
+    return factory
+
+
+def _refuse_unless(passes: set[tuple[str, bool]]):
+    from streamd.engines.base import VerificationError
+
+    def check(engine: object, path: Path, options: EngineOptions) -> None:
+        if (options.precision, options.tf32) not in passes:
+            engine.close()  # type: ignore[attr-defined]
+            raise VerificationError(f"matched 0.42 of detections at {options.precision}")
+
+    return check
+
+
+@pytest.mark.parametrize(
+    ("passes", "expected_tries", "final"),
+    [
+        ({("fp16", True)}, [("fp16", True)], "torch at fp16"),
+        ({("fp32", True)}, [("fp16", True), ("fp32", True)], "torch at fp32"),
+        ({("fp32", False)}, [("fp16", True), ("fp32", True), ("fp32", False)], "torch at fp32 without TF32"),
+    ],
+)
+def test_auto_tries_fp32_on_the_same_gpu_before_leaving_it(
+    tiny, caplog, passes, expected_tries, final
+) -> None:
+    """An fp16 engine refused by the start-up check (a model fp16 cannot carry) is rebuilt at FP32, then at
+    FP32 without TF32, on the same backend — the GPU stays in use — and the log names each step."""
+    built: list[tuple[str, bool]] = []
+    engine = create(
+        "auto",
+        tiny,
+        EngineOptions(max_batch=2, precision="fp16", check=_refuse_unless(passes)),
+        machine=TORCH_GPU,
+        backends={
+            "torch": _torch_stand_in(built),
+            "onnxruntime": ORT,
+        },
+    )
+    engine.close()
+    assert built == expected_tries
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == len(expected_tries) - 1
+    if warnings:
+        assert warnings[0].startswith("engine: torch at fp16 refused at start-up (matched 0.42")
+        assert warnings[-1].endswith(f"engine.type auto tries {final}")
+
+
+def test_every_precision_refused_falls_back_to_onnxruntime(tiny, caplog) -> None:
+    from streamd.engines.base import VerificationError
+    from streamd.engines.onnxruntime import OnnxRuntimeEngine
+
+    built: list[tuple[str, bool]] = []
+
+    def only_the_cpu(engine: object, path: Path, options: EngineOptions) -> None:
+        if len(built) < 4:  # the three torch rungs refused
+            engine.close()  # type: ignore[attr-defined]
+            raise VerificationError("max error 0.3")
+
+    def onnxruntime(path: Path, options: EngineOptions) -> object:
+        built.append(("onnxruntime", options.precision))  # type: ignore[arg-type]
+        return OnnxRuntimeEngine(path, options)
+
+    engine = create(
+        "auto",
+        tiny,
+        EngineOptions(max_batch=2, precision="fp16", check=only_the_cpu),
+        machine=TORCH_GPU,
+        backends={"torch": _torch_stand_in(built), "onnxruntime": onnxruntime},
+    )
+    engine.close()
+    assert built == [("fp16", True), ("fp32", True), ("fp32", False), ("onnxruntime", "fp16")]
+    warnings = [r.getMessage().split("; ")[1] for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "engine.type auto tries torch at fp32",
+        "engine.type auto tries torch at fp32 without TF32",
+        "engine.type auto falls back to onnxruntime",
+    ]
+
+
+def test_named_engine_and_non_check_failures_do_not_ladder(tiny, caplog) -> None:
+    """``engine.type: torch`` gets what it asked for (refused → exit 69 with the reason); under auto, a
+    backend that cannot be brought up at all is left at once, its other precisions not tried."""
+    built: list[tuple[str, bool]] = []
+    with pytest.raises(EngineError, match=r"matched 0\.42"):
+        create(
+            "torch",
+            tiny,
+            EngineOptions(max_batch=2, precision="fp16", check=_refuse_unless(set())),
+            machine=TORCH_GPU,
+            backends={"torch": _torch_stand_in(built)},
+        )
+    assert built == [("fp16", True)]
+
+    def cannot_load(path: Path, options: EngineOptions) -> None:
+        built.append((options.precision, options.tf32))
+        raise RuntimeError("CUDA driver too old")
+
+    built.clear()
+    engine = create(
+        "auto",
+        tiny,
+        EngineOptions(max_batch=2, precision="fp16"),
+        machine=TORCH_GPU,
+        backends={"torch": cannot_load, "onnxruntime": ORT},
+    )
+    engine.close()
+    assert built == [("fp16", True)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "engine: torch at fp16 could not be brought up (engine torch: RuntimeError: CUDA driver too old); "
+        "engine.type auto falls back to onnxruntime"
+    ]

@@ -5,7 +5,10 @@
 imports CUDA, torch or TensorRT. ``auto`` = TensorRT if it imports and a GPU exists, else torch if CUDA
 works, else ONNX Runtime on the CPU (what the box has: ``Machine``). When the chosen backend fails to
 import, build, load or pass its start-up check (``EngineOptions.check``: ``streamd.checks.verify``), ``auto``
-says why in one warning and takes the next one (``backend_order``).
+says why in one warning and takes the next one (``backend_order``). A GPU backend whose reduced-precision
+engine (``fp16``/``bf16``, the default) fails the start-up check is first tried again at FP32, then at
+strict FP32 (no TF32) — the same GPU, slower arithmetic — before ``auto`` leaves it (``precision_ladder``): a
+model whose outputs fp16 cannot carry still runs on the GPU, and the log says which precision passed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +81,29 @@ def backend_order(requested: str, machine: Machine | None = None) -> list[str]:
     return order
 
 
+def precision_ladder(requested: str, name: str, options: EngineOptions) -> list[EngineOptions]:
+    """The options ``create_engine`` tries for backend ``name``, in order. A named ``engine.type`` gets
+    exactly what it asked for. Under ``auto``, a GPU backend asked for a reduced precision (fp16/bf16) also
+    gets FP32 and then, for torch with TF32 on, strict FP32: each is tried only when the one before fails its
+    start-up check. ONNX Runtime and int8 (a Q/DQ model's own precision) are not laddered."""
+    ladder = [options]
+    if requested != "auto" or name == "onnxruntime" or options.precision not in ("fp16", "bf16"):
+        return ladder
+    ladder.append(replace(options, precision="fp32"))
+    if name == "torch" and options.tf32:
+        ladder.append(replace(options, precision="fp32", tf32=False))
+    return ladder
+
+
+def _label(name: str, options: EngineOptions, attempts: list[tuple[str, EngineOptions]]) -> str:
+    """``name``, with the precision when ``auto`` tries this backend at more than one."""
+    if sum(tried == name for tried, _ in attempts) == 1:
+        return name
+    if options.precision == "fp32" and name == "torch" and not options.tf32:
+        return f"{name} at fp32 without TF32"
+    return f"{name} at {options.precision}"
+
+
 def create_engine(
     requested: str,
     model_path: Path,
@@ -103,21 +130,39 @@ def create_engine(
     if max_batch < 1:
         raise EngineError(f"engine.max_batch: expected ≥ 1, got {max_batch}", EX_CONFIG)
     model_path = Path(model_path)
-    order = backend_order(requested, machine)
-    for index, name in enumerate(order):
+    table = BACKENDS if backends is None else backends
+    attempts = [
+        (name, tried)
+        for name in backend_order(requested, machine)
+        for tried in precision_ladder(requested, name, options)
+    ]
+    index = 0
+    while True:
+        name, tried = attempts[index]
         try:
-            engine = _load(name, model_path, options, BACKENDS if backends is None else backends)
+            engine = _load(name, model_path, tried, table)
             break
         except Exception as exc:
             error = _as_engine_error(name, exc)
-            if index + 1 == len(order) or error.code == EX_CONFIG:  # no other backend cures a config error
+            refused = isinstance(exc, VerificationError)
+            following = index + 1
+            if not refused:  # only a failed check is a precision problem: the backend's other rungs go too
+                while following < len(attempts) and attempts[following][0] == name:
+                    following += 1
+            if following == len(attempts) or error.code == EX_CONFIG:  # no backend cures a config error
                 if error is exc:
                     raise
                 raise error from exc
-            what = "refused at start-up" if isinstance(exc, VerificationError) else "could not be brought up"
+            nxt, then = attempts[following]
             log.warning(
-                "engine: %s %s (%s); engine.type auto falls back to %s", name, what, error, order[index + 1]
+                "engine: %s %s (%s); engine.type auto %s %s",
+                _label(name, tried, attempts),
+                "refused at start-up" if refused else "could not be brought up",
+                error,
+                "tries" if nxt == name else "falls back to",
+                _label(nxt, then, attempts),
             )
+            index = following
     fixed = getattr(engine, "batch_fixed", None)
     if fixed is None and engine.max_batch < max_batch:  # a dynamic engine built for fewer rows
         rows = engine.max_batch

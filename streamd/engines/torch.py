@@ -136,25 +136,117 @@ class _HostShape:
         return HostShape()
 
 
-def keep_constants_on_host(module: Any) -> list[str]:
+SHAPE_CONSTANT_MAX = 64  # elements: a constant this small may join shape arithmetic on the host
+
+
+def host_valued(module: Any) -> set[Any]:
+    """The fx nodes whose values are computed on the host: each Shape (``_HostShape``), and every op whose
+    inputs are host values and small constants (the Gather/Concat/Mul chains that build Reshape targets
+    from a dynamic batch). Computing them on the host is what keeps them out of a CUDA graph: on the device,
+    the Reshape reading one would need a device-to-host copy, which capture forbids."""
+    graph = module.graph
+
+    def kind(node: Any) -> str:
+        return type(module.get_submodule(node.target)).__name__ if node.op == "call_module" else ""
+
+    def small_constant(node: Any) -> bool:
+        if node.op != "get_attr":
+            return False
+        owner_name, _, attr = node.target.rpartition(".")
+        value = getattr(module.get_submodule(owner_name) if owner_name else module, attr, None)
+        return getattr(value, "numel", lambda: SHAPE_CONSTANT_MAX + 1)() <= SHAPE_CONSTANT_MAX
+
+    host = {n for n in graph.nodes if kind(n) in ("OnnxShape", "HostShape")}
+    grew = bool(host)
+    while grew:
+        grew = False
+        for node in graph.nodes:
+            if node in host or node.op not in ("call_module", "call_function", "call_method"):
+                continue
+            inputs = node.all_input_nodes
+            if any(i in host for i in inputs) and all(i in host or small_constant(i) for i in inputs):
+                host.add(node)
+                grew = True
+    return host
+
+
+class _DeviceCopy:
+    """Factory for a torch module giving a device op the host value it reads (an index built from the batch
+    size, say): each distinct value is copied once and the copy kept, so a CUDA graph captured after the
+    eager run of the same call reads the kept copy — no copy during capture, none at replay. Host values are
+    shape arithmetic, so one batch size gives one value: at most one copy per batch size."""
+
+    @staticmethod
+    def make(device: Any) -> Any:
+        import torch
+
+        class DeviceCopy(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.target = device
+                self.copies: dict[tuple[Any, ...], torch.Tensor] = {}
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if not isinstance(x, torch.Tensor) or x.device == self.target:
+                    return x
+                flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
+                key = (x.dtype, tuple(x.shape), bytes(flat.numpy()))
+                copy = self.copies.get(key)
+                if copy is None:
+                    copy = self.copies[key] = x.to(self.target)
+                return copy
+
+        return DeviceCopy()
+
+
+def _host_reads(module: Any, node: Any, user: Any) -> bool:
+    """True when ``user`` reads ``node`` only at argument positions its op reads on the host (HOST_ARGS)."""
+    sub = module.get_submodule(user.target) if user.op == "call_module" else None
+    wanted = HOST_ARGS.get(type(sub).__name__, ()) if sub is not None else ()
+    positions = _positions(node, user, sub) if sub is not None else [-1]
+    return bool(positions) and all(p in wanted for p in positions)
+
+
+def _copy_host_values_to_device(module: Any, on_host: set[Any], device: Any) -> list[str]:
+    """Route each host value a device op reads through a ``_DeviceCopy`` (see there)."""
+    graph = module.graph
+    done: list[str] = []
+    for node in [n for n in graph.nodes if n in on_host]:
+        device_users = [u for u in node.users if u not in on_host and not _host_reads(module, node, u)]
+        if not device_users:
+            continue
+        name = f"streamd_device_copy_{len(done)}"
+        module.add_submodule(name, _DeviceCopy.make(device))
+        with graph.inserting_after(node):
+            copied = graph.call_module(name, (node,))
+        for user in device_users:
+            user.replace_input_with(node, copied)
+        done.append(f"{node.name} (copied to the device once per value)")
+    return done
+
+
+def keep_constants_on_host(module: Any, device: Any = None) -> list[str]:
     """Move the constants that converted ops read on the host back to the CPU; returns what was moved.
 
-    A constant used both on the host and on the device gets a host copy for the host uses.
+    A constant used both on the host and on the device gets a host copy for the host uses. Shape arithmetic
+    (``host_valued``) runs on the host; where a device op reads its result, ``device`` (the module's) gets a
+    kept copy (``_DeviceCopy``).
     """
     import torch
 
-    moved: list[str] = []
     graph = module.graph
+    on_host = host_valued(module)
+    moved: list[str] = _copy_host_values_to_device(module, on_host, device) if device is not None else []
     for node in list(graph.nodes):
         if node.op != "get_attr":
             continue
         host_users: list[Any] = []
         device_users: list[Any] = []
         for user in node.users:
-            sub = module.get_submodule(user.target) if user.op == "call_module" else None
-            wanted = HOST_ARGS.get(type(sub).__name__, ()) if sub is not None else ()
-            positions = _positions(node, user, sub) if sub is not None else [-1]
-            (host_users if positions and all(p in wanted for p in positions) else device_users).append(user)
+            if user in on_host:  # shape arithmetic: computed on the host with the shapes it combines
+                host_users.append(user)
+                continue
+            (host_users if _host_reads(module, node, user) else device_users).append(user)
         if not host_users:
             continue
         owner_name, _, attr = node.target.rpartition(".")
@@ -199,7 +291,7 @@ def place(module: Any, device: Any, low: Any | None, channels_last: bool, host_c
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     if host_constants and device.type == "cuda":
-        moved = keep_constants_on_host(module)
+        moved = keep_constants_on_host(module, device)
         log.debug("torch engine: kept on the host: %s", ", ".join(moved) or "nothing")
     return module
 

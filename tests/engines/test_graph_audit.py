@@ -1,0 +1,46 @@
+"""The torch engine keeps converted models CUDA-graph-capturable: shape arithmetic on the host, the host
+values device ops read copied once and kept (``streamd.engines.torch``), checked on the CPU by
+``tools/torch_graph_audit.py`` over the zoo's transformer and CNN families."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
+
+
+def _audit(name: str, copies: bool = True) -> list[tuple[str, str, str]]:
+    from tools.torch_graph_audit import audit
+
+    return audit(ZOO / name, (160, 160), copies=copies)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["rtdetr-l-tiny-160-dyn.onnx", "yolov8s-tiny-160-dyn.onnx", "yolox-s-tiny-160-dyn.onnx",
+     "tfod-ssdlite-tiny-160.onnx"],
+)  # fmt: skip
+def test_zoo_models_have_nothing_a_cuda_graph_cannot_capture(torch_ready, name: str) -> None:
+    assert _audit(name) == []
+
+
+def test_rtdetr_needs_the_kept_device_copy(torch_ready) -> None:
+    """RT-DETR's top-k gather adds batch offsets (Range over the batch size × 525, shape arithmetic) to
+    device indices: without the kept copy that host value meets a device op (eager fails, capture too)."""
+    found = _audit("rtdetr-l-tiny-160-dyn.onnx", copies=False)
+    assert found and all("host tensor" in what for _, _, what in found), found
+
+
+def test_device_copy_copies_each_value_once() -> None:
+    from streamd.engines.torch import _DeviceCopy
+
+    copy = _DeviceCopy.make(torch.device("meta"))
+    a = copy(torch.arange(4))
+    assert a.device.type == "meta" and copy(torch.arange(4)) is a  # the kept copy, no new one
+    b = copy(torch.arange(6))  # another batch size: another value
+    assert b is not a and b.shape == (6,) and len(copy.copies) == 2
+    on_target = torch.empty(3, device="meta")
+    assert copy(on_target) is on_target
