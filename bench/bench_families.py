@@ -143,13 +143,21 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
             got = [
                 d for i in range(0, len(gpu_out), 8) for d in gpu_detections(gpu, spec, gpu_out[i : i + 8])
             ]
-        cut = m.score_threshold + margin
-        n_ref = n_got = hit_ref = hit_got = 0
-        ious: list[float] = []
-        for r, g in zip(ref, got, strict=True):
-            a, b, c, d, iou = agree(r, g, cut, 0.95, m.iou_threshold if head.nms else None)
-            n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
-            ious += iou
+        nms = m.iou_threshold if head.nms else None
+
+        def share(cut: float) -> tuple[int, int, float, list[float]]:
+            n_ref = n_got = hit_ref = hit_got = 0
+            ious: list[float] = []
+            for r, g in zip(ref, got, strict=True):
+                a, b, c, d, iou = agree(r, g, cut, 0.95, nms)
+                n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
+                ious += iou
+            matched = min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0)
+            return n_ref, n_got, round(matched, 4), ious
+
+        n_ref, n_got, matched, ious = share(m.score_threshold + margin)
+        # the same 0.01 above the threshold: how much of the rest is detections at the threshold's edge
+        matched_edge = share(m.score_threshold + margin + 0.01)[2]
         verdict = getattr(gpu, "verification", None) or {}
         return {
             "refused": refused,
@@ -162,12 +170,23 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
             "threshold": m.score_threshold,
             "ref_detections": n_ref,
             "gpu_detections": n_got,
-            "matched": round(min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0), 4),
+            "matched": matched,
+            "matched_above_edge": matched_edge,
+            "tf32": _tf32(gpu),
             "worst_iou": round(min(ious, default=1.0), 4),
             "start_s": round(start_s, 1),
         }
     finally:
         gpu.close()
+
+
+def _tf32(engine: Any) -> bool | None:
+    """Whether FP32 matmuls/convolutions may use TF32 (the torch engine's process-wide switch)."""
+    if not str(getattr(engine, "name", "")).startswith("torch-cuda"):
+        return None
+    import torch
+
+    return bool(torch.backends.cudnn.allow_tf32)
 
 
 ZOO_MODEL = """model:
