@@ -22,20 +22,6 @@ install() {
     [[ -d /tmp/site/ultralytics ]] && return
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl 2>/dev/null) .whl-zoo/*.whl \
         >"$OUT/pip.txt" 2>&1 || { echo "pip install failed" >&2; tail -5 "$OUT/pip.txt"; exit 2; }
-    # PyNvVideoCodec without its samples, FFmpeg sources and duplicate libraries (3 MB instead of 27 MB:
-    # the tree leaves ~12 MB per call), made by tools/slim_pynvvideocodec.sh
-    for t in .whl-live/*.tar.xz; do [[ -f "$t" ]] && tar xJf "$t" -C /tmp/site; done
-}
-
-threshold() {  # the manifest's score threshold for a zoo file (random weights: one that leaves detections)
-    python3 -c "import json,sys; sys.path.insert(0,'bench'); from bench_families import _threshold; \
-print(_threshold(json.load(open('$ZOO/MANIFEST.json'))['files']['$(basename "$1")']))"
-}
-
-live_keys() {  # bench_live/bench_memory --model-key arguments for a zoo file
-    local f="$1"
-    echo "--model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]'" \
-        "--model-key 'score_threshold: $(threshold "$f")'"
 }
 
 case "${1:-}" in
@@ -99,42 +85,8 @@ ceiling)
         echo "$m rc=$?"; tail -40 "$OUT/$m.txt"
     done
     ;;
-s9-families)  # session 9, issue 25 + RT-DETR graphs: zoo; GPU tests beside it; every family through
-    # engine.type auto at the default fp16 (fp32 rungs when the check refuses); RT-DETR engine ceiling (~9 min)
-    install
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-    t0=$(date +%s)
-    timeout 200 python3 tools/model_zoo.py build all --static-batch 0 --manifest --out "$ZOO" \
-        --sdist-dir .whl-zoo >"$OUT/zoo-build.txt" 2>&1 &
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/gpu/test_torch_engine_gpu.py \
-        tests/engines/gpu/test_op_coverage_gpu.py tests/gpu/test_heads_gpu.py 2>&1 | tail -25 >"$OUT/gpu-tests.txt"
-    wait
-    echo "zoo + tests in $(( $(date +%s) - t0 )) s"; cat "$OUT/gpu-tests.txt"
-    cp "$ZOO/MANIFEST.json" "$OUT/zoo-manifest.json" 2>/dev/null
-    t0=$(date +%s)
-    for k in 0 1; do
-        timeout "${BENCH_S:-260}" python3 bench/bench_families.py --zoo "$ZOO" --frames 100 --engine auto \
-            --precisions fp16 --shard "$k/2" --json "$OUT/families-$k.json" >"$OUT/families-$k.txt" \
-            2>"$OUT/families-$k-stderr.txt" &
-    done
-    wait
-    echo "bench_families done in $(( $(date +%s) - t0 )) s"
-    grep -h "auto tries\|falls back" "$OUT"/families-*-stderr.txt | cut -c1-300
-    python3 - "$OUT"/families-*.json <<'PY'
-import json, sys
-for path in sys.argv[1:]:
-    for r in json.load(open(path)):
-        print(r.get("model"), r.get("engine"), "tf32", r.get("tf32"), r.get("layout"), "verified", r.get("verified"),
-              "matched", r.get("matched"), "above_edge", r.get("matched_above_edge"), "ref", r.get("ref_detections"),
-              "gpu", r.get("gpu_detections"), "start", r.get("start_s"), (r.get("error") or r.get("refused") or "")[:200])
-PY
-    f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
-    timeout 150 python3 bench/bench_engines.py --model "$f" --input-size 640 640 --precisions fp16 \
-        --variants graphs lanes2 --batches 1 8 32 64 --budget-s 120 --out "$OUT/rtdetr" >"$OUT/rtdetr.txt" 2>&1
-    echo "rtdetr ceiling rc=$?"; tail -30 "$OUT/rtdetr.txt"
-    ;;
 *)
-    echo "usage: $0 zoo|zoo2|ceiling|s9-families" >&2
+    echo "usage: $0 zoo|ceiling" >&2
     exit 2
     ;;
 esac

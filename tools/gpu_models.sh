@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Issues 25/26 on the GPU box, session 9 onwards: each mode sized for one `device run` call (< 600 s); the
+# results go into one archive, $OUT/MODE.tgz, plus MODE.summary (the tool brings back at most 8 files).
+#
+#   tools/gpu_models.sh families   # the zoo; GPU tests beside it (torch engine incl. RT-DETR in CUDA graphs,
+#                                  # op coverage, heads); every family through engine.type auto at the default
+#                                  # fp16 (its fp32 rungs when the check refuses) vs ONNX Runtime CPU;
+#                                  # RT-DETR-l's engine ceiling with graphs (~9 min)
+#   tools/gpu_models.sh live       # YOLOv8s and RT-DETR-l at 640, live 1080p30: largest clean N (0 drops,
+#                                  # p99 <= 100 ms) near the engine ceiling, and RT-DETR with detect_fps 10
+#                                  # (LIVE_Y="120 …", LIVE_R="24 …", LIVE_R10="72 …" override) (~9 min)
+#   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
+#                                  # MEM_N cameras (~8 min)
+#
+# Carry: .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
+# (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO" || exit 2
+MODE="${1:-}"
+OUT="${OUT:-$REPO/out/gpu-models}"
+RES="/tmp/res-$MODE"
+ZOO=/tmp/zoo
+CLIP="$REPO/.assets-work/live1080.mp4"
+export PYTHONUNBUFFERED=1 YOLO_CONFIG_DIR=/tmp/ultralytics PYTHONPATH="/tmp/site:$REPO"
+mkdir -p "$OUT" "$RES"
+trap 'tar czf "$OUT/$MODE.tgz" -C "$RES" . 2>/dev/null; cp "$RES/summary.txt" "$OUT/$MODE.summary" 2>/dev/null' EXIT
+
+say() { echo "$@" | tee -a "$RES/summary.txt"; }
+
+install() {
+    if [[ ! -d /tmp/site/ultralytics ]]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-zoo/*.whl \
+            >"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
+    fi
+    for t in .whl-live/*.tar.xz; do [[ -f "$t" && ! -d /tmp/site/PyNvVideoCodec ]] && tar xJf "$t" -C /tmp/site; done
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$RES/gpu.txt"
+}
+
+build() {  # families... (skipped when already built on this machine)
+    local want=() f
+    for f in "$@"; do ls "$ZOO"/"$f"-640-dyn*.onnx >/dev/null 2>&1 || want+=("$f"); done
+    [[ ${#want[@]} -eq 0 ]] && return
+    local t0=$(date +%s)
+    for f in "${want[@]}"; do
+        timeout 200 python3 tools/model_zoo.py build "$f" --static-batch 0 --manifest --out "$ZOO" \
+            --sdist-dir .whl-zoo >>"$RES/zoo-build.txt" 2>&1 || say "zoo build $f failed"
+    done
+    say "zoo ${want[*]} built in $(( $(date +%s) - t0 )) s"
+}
+
+threshold() {  # the manifest's score threshold for a zoo file (random weights: one that leaves detections)
+    python3 -c "import json,sys; sys.path.insert(0,'bench'); from bench_families import _threshold; \
+print(_threshold(json.load(open('$ZOO/MANIFEST.json'))['files']['$(basename "$1")']))"
+}
+
+live() {  # NAME MODEL N [bench_live args...]: one live row; prints it; 0 when clean (0 drops, p99 <= 100)
+    local name="$1" model="$2" n="$3"; shift 3
+    local dir="$RES/$name-$n"
+    if (( SECONDS > ${LIVE_BUDGET_S:-430} )); then say "$name $n skipped: the call's time is spent"; return 2; fi
+    timeout 300 python3 bench/bench_live.py --clip "$CLIP" --model "$model" --input-size 640 640 \
+        --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
+        --model-key "score_threshold: $(threshold "$model")" --streams "$n" --p99-ms 100 \
+        --ceiling-threads 0 --ceiling-processes 0 --out "$dir" "$@" >"$dir.log" 2>&1
+    python3 - "$dir/bench_live.json" "$name" "$n" <<'PY' | tee -a "$RES/summary.txt"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as exc:
+    print(sys.argv[2], sys.argv[3], "no result:", exc); raise SystemExit(1)
+row = r["ramp"][0]
+keys = ("streams", "delivered_fps", "detected_fps", "drops_in_window", "p50_ms", "p99_ms", "min_stream_share",
+        "min_fair_share", "workers_started", "warmup_s", "gpu_mb_per_process", "error")
+print(sys.argv[2], {k: row.get(k) for k in keys}, list(row.get("warnings", {}))[:3])
+raise SystemExit(0 if r.get("largest_clean_streams") == int(sys.argv[3]) else 1)
+PY
+}
+
+case "$MODE" in
+families)
+    install
+    cat "$RES/gpu.txt" >>"$RES/summary.txt"
+    t0=$(date +%s)
+    timeout 200 python3 tools/model_zoo.py build all --static-batch 0 --manifest --out "$ZOO" \
+        --sdist-dir .whl-zoo >"$RES/zoo-build.txt" 2>&1 &
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/gpu/test_torch_engine_gpu.py \
+        tests/engines/gpu/test_op_coverage_gpu.py tests/gpu/test_heads_gpu.py >"$RES/gpu-tests.txt" 2>&1
+    wait
+    say "zoo + GPU tests in $(( $(date +%s) - t0 )) s"; tail -15 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
+    t0=$(date +%s)
+    for k in 0 1; do
+        timeout "${BENCH_S:-260}" python3 bench/bench_families.py --zoo "$ZOO" --frames 100 --engine auto \
+            --precisions fp16 --shard "$k/2" --json "$RES/families-$k.json" >"$RES/families-$k.txt" \
+            2>"$RES/families-$k-stderr.txt" &
+    done
+    wait
+    say "bench_families done in $(( $(date +%s) - t0 )) s"
+    grep -h "auto tries\|falls back" "$RES"/families-*-stderr.txt | cut -c1-240 | tee -a "$RES/summary.txt"
+    python3 - "$RES"/families-*.json <<'PY' | tee -a "$RES/summary.txt"
+import json, sys
+for path in sys.argv[1:]:
+    for r in json.load(open(path)):
+        print(r.get("model"), r.get("engine"), "tf32", r.get("tf32"), r.get("layout"), "verified", r.get("verified"),
+              "matched", r.get("matched"), "above_edge", r.get("matched_above_edge"), "ref", r.get("ref_detections"),
+              "gpu", r.get("gpu_detections"), "worst_iou", r.get("worst_iou"), "start", r.get("start_s"),
+              (r.get("error") or r.get("refused") or "")[:200])
+PY
+    f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
+    timeout 150 python3 bench/bench_engines.py --model "$f" --input-size 640 640 --precisions fp16 \
+        --variants graphs lanes2 --batches 1 8 32 64 --budget-s 120 --out "$RES/rtdetr" >"$RES/rtdetr.txt" 2>&1
+    say "rtdetr ceiling rc=$?"; tail -25 "$RES/rtdetr.txt" >>"$RES/summary.txt"
+    ;;
+live)
+    install
+    build yolov8s rtdetr-l
+    y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1); r=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
+    for n in ${LIVE_Y:-120 128}; do live yolov8s "$y" "$n" --batch 64 --lanes 2 || break; done
+    for n in ${LIVE_R:-24 32}; do live rtdetr "$r" "$n" --batch 32 --lanes 2 || break; done
+    for n in ${LIVE_R10:-72 96}; do live rtdetr-d10 "$r" "$n" --batch 32 --lanes 2 --detect-fps 10 || break; done
+    ;;
+memory)
+    install
+    build yolov8s
+    y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1)
+    timeout 330 python3 bench/bench_memory.py --clip "$CLIP" --streams ${MEM_N:-16 64 120} \
+        --variants baseline lean --warmup 10 --window 10 --out "$RES/nanodet" >"$RES/nanodet.log" 2>&1
+    say "nanodet rc=$?"; cat "$RES/nanodet/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
+    timeout 200 python3 bench/bench_memory.py --clip "$CLIP" --model "$y" --input-size 640 640 \
+        --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
+        --streams ${MEM_NY:-16 64} --variants baseline --warmup 10 --window 10 --out "$RES/yolov8s" \
+        >"$RES/yolov8s.log" 2>&1
+    say "yolov8s rc=$?"; cat "$RES/yolov8s/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
+    ;;
+*)
+    echo "usage: $0 families|live|memory" >&2
+    exit 2
+    ;;
+esac
