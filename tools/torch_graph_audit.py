@@ -99,12 +99,59 @@ def audit(
     return found
 
 
+def audit_cuda(model_path: Path, input_size: tuple[int, int] | None, batch: int = 2) -> list[str]:
+    """On a GPU: the model placed as the engine places it (``place``), run node by node eagerly and then
+    under CUDA graph capture; the first node that fails in each, with its arguments' devices."""
+    import torch
+    from torch.fx import Interpreter
+
+    from streamd.engines.torch import convert_model, place
+
+    module, io, _ = convert_model(model_path, batch, input_size)
+    module = place(module, torch.device("cuda", 0), None, False)
+    c, h, w = io.chw
+    x = torch.rand(batch, c, h, w, device="cuda")
+    report: list[str] = []
+
+    class Walk(Interpreter):
+        def run_node(self, n: Any) -> Any:
+            try:
+                return super().run_node(n)
+            except Exception as exc:
+                args, _ = self.fetch_args_kwargs_from_env(n)
+                devices = [str(a.device) + str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor)]
+                kind = type(self.module.get_submodule(n.target)).__name__ if n.op == "call_module" else n.op
+                report.append(f"{n.name} ({kind}) args {devices}: {type(exc).__name__}: {str(exc)[:200]}")
+                raise
+
+    with torch.inference_mode():
+        try:
+            Walk(module).run(x)
+        except Exception:
+            return ["eager: " + r for r in report]
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                Walk(module).run(x)
+        except Exception as exc:
+            report.append(f"capture: {type(exc).__name__}: {str(exc)[:200]}")
+            return ["capture: " + r for r in report]
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--input-size", type=int, nargs=2, metavar=("W", "H"))
+    ap.add_argument("--cuda", action="store_true", help="run it on the GPU (eager, then captured)")
     args = ap.parse_args()
-    found = audit(args.model, tuple(args.input_size) if args.input_size else None)
+    size = tuple(args.input_size) if args.input_size else None
+    if args.cuda:
+        problems = audit_cuda(args.model, size)  # type: ignore[arg-type]
+        print("\n".join(problems) or "eager and captured: no failure")
+        return 1 if problems else 0
+    found = audit(args.model, size)  # type: ignore[arg-type]
     for node, kind, what in found:
         print(f"{node:40s} {kind:28s} {what}")
     print(f"{len(found)} capture-breaking operations; by module type:", dict(Counter(k for _, k, _ in found)))

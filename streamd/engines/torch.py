@@ -499,10 +499,24 @@ class TorchEngine:
             with torch.cuda.graph(graph, pool=lane.pool, capture_error_mode="thread_local"):
                 self._run(x, y)
         except Exception as exc:  # torch raises RuntimeError for ops that cannot be captured
+            # A capture that fails inside leaves the caching allocator allocating into the graph's pool
+            # (torch ends that only when capture_end succeeds): the next capture then fails with "already
+            # recording", and memory freed into that pool can be handed out again under later engines'
+            # tensors. End it here, and capture nothing more in this engine: what failed at one batch size
+            # fails at the others.
+            try:
+                torch._C._cuda_endAllocateToPool(self.device.index or 0, lane.pool)
+            except Exception:  # already ended (capture_end got that far)
+                pass
+            torch.cuda.synchronize(self.device)
             log.warning(
-                "torch engine: CUDA graph capture failed for batch %d (%s); running eagerly", key[0], exc
+                "torch engine: CUDA graph capture failed for batch %d (%s); this engine runs without CUDA "
+                "graphs (tools/torch_graph_audit.py names the op)",
+                key[0],
+                str(exc).splitlines()[0],
             )
             lane.graphs.fail(key[0])
+            self.cuda_graphs = False
             return
         lane.graphs.add(key, graph)
 
