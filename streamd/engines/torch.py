@@ -24,6 +24,7 @@ bound by inference: a batch-32 NanoDet call leaves much of an H200 idle (bench/R
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -504,10 +505,8 @@ class TorchEngine:
             # recording", and memory freed into that pool can be handed out again under later engines'
             # tensors. End it here, and capture nothing more in this engine: what failed at one batch size
             # fails at the others.
-            try:
+            with contextlib.suppress(Exception):  # already ended (capture_end got that far)
                 torch._C._cuda_endAllocateToPool(self.device.index or 0, lane.pool)
-            except Exception:  # already ended (capture_end got that far)
-                pass
             torch.cuda.synchronize(self.device)
             log.warning(
                 "torch engine: CUDA graph capture failed for batch %d (%s); this engine runs without CUDA "
