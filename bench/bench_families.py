@@ -118,9 +118,19 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
     size = (int(m.input_size[0]), int(m.input_size[1]))
     t0 = time.perf_counter()
     device: int | str = "cpu" if CPU_DRY_RUN else 0
-    # fp32 rows: true FP32 (no TF32 in convolutions and matmuls), what ONNX Runtime CPU computes
+    # fp32 rows: true FP32 (no TF32 in convolutions and matmuls), what ONNX Runtime CPU computes; "strict":
+    # the torch engine as auto's last GPU rung builds it (no TF32, no cuDNN autotuning), measured even when
+    # its check refuses it
+    strict = precision == "strict"
+    if strict:
+        engine_type = "torch"
     options = EngineOptions(
-        max_batch=8, precision=precision, device=device, input_size=size, tf32=precision != "fp32"
+        max_batch=8,
+        precision="fp32" if strict else precision,
+        device=device,
+        input_size=size,
+        tf32=precision not in ("fp32", "strict"),
+        cudnn_benchmark=not strict,
     )
     refused = ""
     try:

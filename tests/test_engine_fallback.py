@@ -154,14 +154,19 @@ def _refuse_unless(passes: set[tuple[str, bool]]):
     [
         ({("fp16", True)}, [("fp16", True)], "torch at fp16"),
         ({("fp32", True)}, [("fp16", True), ("fp32", True)], "torch at fp32"),
-        ({("fp32", False)}, [("fp16", True), ("fp32", True), ("fp32", False)], "torch at fp32 without TF32"),
+        (
+            {("fp32", False)},
+            [("fp16", True), ("fp32", True), ("fp32", False)],
+            "torch at strict fp32 (no TF32, no cuDNN autotuning)",
+        ),
     ],
 )
 def test_auto_tries_fp32_on_the_same_gpu_before_leaving_it(
     tiny, caplog, passes, expected_tries, final
 ) -> None:
     """An fp16 engine refused by the start-up check (a model fp16 cannot carry) is rebuilt at FP32, then at
-    FP32 without TF32, on the same backend — the GPU stays in use — and the log names each step."""
+    strict FP32 (no TF32, no cuDNN autotuning), on the same backend — the GPU stays in use — and the log
+    names each step."""
     built: list[tuple[str, bool]] = []
     engine = create(
         "auto",
@@ -209,7 +214,7 @@ def test_every_precision_refused_falls_back_to_onnxruntime(tiny, caplog) -> None
     warnings = [r.getMessage().split("; ")[1] for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
         "engine.type auto tries torch at fp32",
-        "engine.type auto tries torch at fp32 without TF32",
+        "engine.type auto tries torch at strict fp32 (no TF32, no cuDNN autotuning)",
         "engine.type auto falls back to onnxruntime",
     ]
 

@@ -88,21 +88,20 @@ families)
     wait
     say "zoo + GPU tests in $(( $(date +%s) - t0 )) s"; tail -8 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
     cp "$ZOO/MANIFEST.json" "$RES/zoo-manifest.json" 2>/dev/null
-    for m in rtdetr-l-640-dyn ssdlite-320-batched yolov10s-640-dyn; do  # what breaks eager/capture, by node
-        f=$(ls "$ZOO"/$m*.onnx | head -1)
-        ( timeout 90 python3 tools/torch_graph_audit.py "$f" --cuda >"$RES/audit-$m.txt" 2>&1;
-          echo "audit $m rc=$?: $(grep -v Warning "$RES/audit-$m.txt" | grep -v 'x = x\[' | tail -3)" ) &
+    # what breaks eager runs or capture, by node, for every family (four at a time)
+    python3 -c "import json; [print(k, v['input_size'][0]) for k, v in json.load(open('$ZOO/MANIFEST.json'))['files'].items() \
+if v.get('variant') != 'standard']" | xargs -P 4 -L 1 sh -c 'timeout 120 python3 tools/torch_graph_audit.py \
+        '"$ZOO"'/$0 --input-size $1 $1 --cuda >'"$RES"'/audit-$0.txt 2>&1'
+    for f in "$RES"/audit-*.txt; do
+        say "$(basename "$f" .txt): $(grep -v 'Warning\|x = x\[' "$f" | grep -v '^ *$' | tail -2 | cut -c1-300)"
     done
-    wait
-    for m in rtdetr-l-640-dyn ssdlite-320-batched yolov10s-640-dyn; do
-        say "audit $m: $(grep -v 'Warning\|x = x\[' "$RES/audit-$m.txt" | tail -3 | cut -c1-400)"; done
     t0=$(date +%s)
     # one process per model (a failed capture or a refused engine must not touch the next model's run),
     # five at a time
     n=$(python3 -c "import json; print(sum(1 for e in json.load(open('$ZOO/MANIFEST.json'))['files'].values() \
 if e.get('variant') != 'standard'))")
     seq 0 $(( n - 1 )) | xargs -P 5 -I{} sh -c "timeout ${BENCH_S:-260} python3 bench/bench_families.py \
-        --zoo $ZOO --frames 100 --engine auto --precisions fp16 --shard {}/$n --json $RES/families-{}.json \
+        --zoo $ZOO --frames 100 --engine auto --precisions fp16 strict --shard {}/$n --json $RES/families-{}.json \
         >$RES/families-{}.txt 2>$RES/families-{}-stderr.txt"
     say "bench_families done in $(( $(date +%s) - t0 )) s"
     grep -h "auto tries\|falls back\|capture failed\|do not fit" "$RES"/families-*-stderr.txt | cut -c1-300 \
@@ -111,12 +110,12 @@ if e.get('variant') != 'standard'))")
 import json, sys
 for path in sys.argv[1:]:
     for r in json.load(open(path)):
-        print(r.get("model"), r.get("engine"), "tf32", r.get("tf32"), r.get("layout"), "verified", r.get("verified"),
+        print(r.get("model"), r.get("precision"), r.get("engine"), "tf32", r.get("tf32"), r.get("layout"), "verified", r.get("verified"),
               "matched", r.get("matched"), "above_edge", r.get("matched_above_edge"), "ref", r.get("ref_detections"),
               "gpu", r.get("gpu_detections"), "worst_iou", r.get("worst_iou"), "start", r.get("start_s"),
               (r.get("error") or r.get("refused") or "")[:200])
 PY
-    if [[ -n "${CEILING:-}" ]]; then
+    if [[ -n "${CEILING:-}" ]] && (( SECONDS < ${CEILING_AFTER_S:-430} )); then
         f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
         timeout 150 python3 bench/bench_engines.py --model "$f" --input-size 640 640 --precisions fp16 \
             --variants graphs lanes2 --batches 1 8 32 64 --budget-s 120 --out "$RES/rtdetr" >"$RES/rtdetr.txt" 2>&1

@@ -33,7 +33,13 @@ def audit(
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from streamd.engines.torch import HOST_ARGS, convert_model, host_valued, keep_constants_on_host
+    from streamd.engines.torch import (
+        HOST_ARGS,
+        SCALAR_INDEX_ARGS,
+        convert_model,
+        host_valued,
+        keep_constants_on_host,
+    )
 
     module, io, _ = convert_model(model_path, batch, input_size)
     module.eval()
@@ -87,6 +93,10 @@ def audit(
                 for pos in HOST_ARGS.get(current[1], ()):
                     if pos < len(args) and isinstance(args[pos], torch.Tensor) and id(args[pos]) not in host:
                         found.append((n.name, current[1], f"device→host read of argument {pos}"))
+                for pos in SCALAR_INDEX_ARGS.get(current[1], ()):
+                    a = args[pos] if pos < len(args) else None
+                    if isinstance(a, torch.Tensor) and a.dim() == 0 and id(a) not in host:
+                        found.append((n.name, current[1], f"device scalar index (argument {pos}) read back"))
             out = super().run_node(n)
             if current[1] == "DeviceCopy":  # a kept device copy: made outside the graph, a device tensor
                 host.pop(id(out), None)

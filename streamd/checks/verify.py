@@ -210,6 +210,7 @@ def identity(engine: Any, model_path: Path, precision: str, plan: VerifyPlan) ->
         "precision": precision,
         "steps": list(getattr(engine, "steps", ())),
         "engine_id": getattr(engine, "cache_identity", None),
+        "numerics": getattr(engine, "numerics", None),  # torch: TF32, cuDNN autotuning
         "plan_key": _plan_digest(engine),
         "onnxruntime": onnxruntime.__version__,
         "plan": plan.key(),

@@ -7,8 +7,9 @@ works, else ONNX Runtime on the CPU (what the box has: ``Machine``). When the ch
 import, build, load or pass its start-up check (``EngineOptions.check``: ``streamd.checks.verify``), ``auto``
 says why in one warning and takes the next one (``backend_order``). A GPU backend whose reduced-precision
 engine (``fp16``/``bf16``, the default) fails the start-up check is first tried again at FP32, then at
-strict FP32 (no TF32) — the same GPU, slower arithmetic — before ``auto`` leaves it (``precision_ladder``): a
-model whose outputs fp16 cannot carry still runs on the GPU, and the log says which precision passed.
+strict FP32 (no TF32, no cuDNN autotuning) — the same GPU, slower arithmetic — before ``auto`` leaves it
+(``precision_ladder``): a model whose outputs fp16 cannot carry still runs on the GPU, and the log says
+which precision passed.
 """
 
 from __future__ import annotations
@@ -84,14 +85,17 @@ def backend_order(requested: str, machine: Machine | None = None) -> list[str]:
 def precision_ladder(requested: str, name: str, options: EngineOptions) -> list[EngineOptions]:
     """The options ``create_engine`` tries for backend ``name``, in order. A named ``engine.type`` gets
     exactly what it asked for. Under ``auto``, a GPU backend asked for a reduced precision (fp16/bf16) also
-    gets FP32 and then, for torch with TF32 on, strict FP32: each is tried only when the one before fails its
-    start-up check. ONNX Runtime and int8 (a Q/DQ model's own precision) are not laddered."""
+    gets FP32 and then, for torch, strict FP32 (no TF32, no cuDNN autotuning): each is tried only when the
+    one before fails its start-up check. ONNX Runtime and int8 (a Q/DQ model's own precision) are not
+    laddered."""
     ladder = [options]
     if requested != "auto" or name == "onnxruntime" or options.precision not in ("fp16", "bf16"):
         return ladder
     ladder.append(replace(options, precision="fp32"))
-    if name == "torch" and options.tf32:
-        ladder.append(replace(options, precision="fp32", tf32=False))
+    if name == "torch" and (options.tf32 or options.cudnn_benchmark):
+        # strict: no TF32 (10-bit mantissas), and cuDNN's heuristic algorithms rather than the fastest
+        # autotuned ones (FFT/Winograd kernels round more): the closest torch gets to ONNX Runtime's FP32
+        ladder.append(replace(options, precision="fp32", tf32=False, cudnn_benchmark=False))
     return ladder
 
 
@@ -100,7 +104,7 @@ def _label(name: str, options: EngineOptions, attempts: list[tuple[str, EngineOp
     if sum(tried == name for tried, _ in attempts) == 1:
         return name
     if options.precision == "fp32" and name == "torch" and not options.tf32:
-        return f"{name} at fp32 without TF32"
+        return f"{name} at strict fp32 (no TF32, no cuDNN autotuning)"
     return f"{name} at {options.precision}"
 
 

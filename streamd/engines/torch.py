@@ -157,12 +157,17 @@ def host_valued(module: Any) -> set[Any]:
         value = getattr(module.get_submodule(owner_name) if owner_name else module, attr, None)
         return getattr(value, "numel", lambda: SHAPE_CONSTANT_MAX + 1)() <= SHAPE_CONSTANT_MAX
 
+    def own_weights(node: Any) -> bool:  # a module with parameters computes with them, on the device
+        return node.op == "call_module" and any(True for _ in module.get_submodule(node.target).parameters())
+
     host = {n for n in graph.nodes if kind(n) in ("OnnxShape", "HostShape")}
     grew = bool(host)
     while grew:
         grew = False
         for node in graph.nodes:
             if node in host or node.op not in ("call_module", "call_function", "call_method"):
+                continue
+            if own_weights(node):
                 continue
             inputs = node.all_input_nodes
             if any(i in host for i in inputs) and all(i in host or small_constant(i) for i in inputs):
@@ -208,6 +213,26 @@ def _host_reads(module: Any, node: Any, user: Any) -> bool:
     return bool(positions) and all(p in wanted for p in positions)
 
 
+# onnx2torch module class -> argument positions at which a 0-dim index becomes a Python int (x[..., i]): a
+# device scalar there is read back (a sync, which capture forbids), a host one is not.
+SCALAR_INDEX_ARGS: dict[str, tuple[int, ...]] = {"OnnxGather": (1,)}
+
+
+def _scalar_constant(module: Any, node: Any) -> bool:
+    owner_name, _, attr = node.target.rpartition(".")
+    value = getattr(module.get_submodule(owner_name) if owner_name else module, attr, None)
+    return getattr(value, "dim", lambda: -1)() == 0
+
+
+def _reads_scalar_index(module: Any, node: Any, user: Any) -> bool:
+    """True when ``user`` reads ``node`` (a 0-dim constant) only as a scalar index (SCALAR_INDEX_ARGS)."""
+    if user.op != "call_module":
+        return False
+    sub = module.get_submodule(user.target)
+    positions = _positions(node, user, sub)
+    return bool(positions) and all(p in SCALAR_INDEX_ARGS.get(type(sub).__name__, ()) for p in positions)
+
+
 def _copy_host_values_to_device(module: Any, on_host: set[Any], device: Any) -> list[str]:
     """Route each host value a device op reads through a ``_DeviceCopy`` (see there)."""
     graph = module.graph
@@ -238,16 +263,26 @@ def keep_constants_on_host(module: Any, device: Any = None) -> list[str]:
     graph = module.graph
     on_host = host_valued(module)
     moved: list[str] = _copy_host_values_to_device(module, on_host, device) if device is not None else []
+    for node in on_host:  # their modules' buffers too: OnnxRange makes its output on its dummy buffer's
+        # device
+        if node.op == "call_module":
+            sub = module.get_submodule(node.target)
+            for key, buf in list(sub._buffers.items()):
+                if isinstance(buf, torch.Tensor) and buf.device.type != "cpu":
+                    sub._buffers[key] = buf.cpu()
+                    moved.append(f"{node.target}.{key}")
     for node in list(graph.nodes):
         if node.op != "get_attr":
             continue
         host_users: list[Any] = []
         device_users: list[Any] = []
+        scalar = _scalar_constant(module, node)
         for user in node.users:
             if user in on_host:  # shape arithmetic: computed on the host with the shapes it combines
                 host_users.append(user)
                 continue
-            (host_users if _host_reads(module, node, user) else device_users).append(user)
+            host = _host_reads(module, node, user) or (scalar and _reads_scalar_index(module, node, user))
+            (host_users if host else device_users).append(user)
         if not host_users:
             continue
         owner_name, _, attr = node.target.rpartition(".")
@@ -366,6 +401,8 @@ class TorchEngine:
         self.cuda_graphs = cuda_graphs and not on_cpu
         if on_cpu and threads:
             torch.set_num_threads(threads)
+        # what the numbers depend on beyond the precision (part of the start-up check's cache key)
+        self.numerics = "cpu" if on_cpu else f"tf32={tf32},cudnn_benchmark={cudnn_benchmark}"
         if not on_cpu:
             torch.backends.cudnn.benchmark = cudnn_benchmark
             torch.backends.cudnn.allow_tf32 = tf32

@@ -147,3 +147,20 @@ def test_a_shifted_box_or_an_extra_detection_fails_the_detection_check():
 def test_shape_mismatch_fails():
     errors, _ = compare(np.zeros((1, 4, 6)), np.zeros((1, 5, 6)), precision="fp32")
     assert not errors[0].passed
+
+
+def test_the_verdict_key_holds_the_engines_numerics(tf_style) -> None:
+    """auto's strict-FP32 rung (no TF32, no cuDNN autotuning) builds an engine of the same name as the FP32
+    rung before it: its own check must run, not the cached verdict of the TF32 engine."""
+    from types import SimpleNamespace
+
+    from streamd.checks.verify import identity
+
+    def engine(numerics: str) -> SimpleNamespace:
+        return SimpleNamespace(name="torch-cuda-fp32", steps=(), numerics=numerics)
+
+    tf32 = identity(engine("tf32=True,cudnn_benchmark=True"), tf_style, "fp32", PLAN)
+    strict = identity(engine("tf32=False,cudnn_benchmark=False"), tf_style, "fp32", PLAN)
+    assert tf32 != strict and tf32 == identity(
+        engine("tf32=True,cudnn_benchmark=True"), tf_style, "fp32", PLAN
+    )
