@@ -165,7 +165,19 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
             matched = min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0)
             return n_ref, n_got, round(matched, 4), ious
 
+        def share_sized(cut: float, side: float) -> float:
+            """matched over boxes of at least ``side`` px a side (each direction counts its own side's)."""
+            big_ref, big_got = _at_least(ref, side), _at_least(got, side)
+            n_ref = hit_ref = n_got = hit_got = 0
+            for r, g, br, bg in zip(ref, got, big_ref, big_got, strict=True):
+                a, b, _, _, _ = agree(br, g, cut, 0.95, nms)
+                _, _, c, d, _ = agree(r, bg, cut, 0.95, nms)
+                n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
+            return round(min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0), 4)
+
         n_ref, n_got, matched, ious = share(m.score_threshold + margin)
+        matched_sized = {f"matched_min_{s:g}px": share_sized(m.score_threshold + margin, s) for s in (1, 2)}
+        sizes = _unmatched_sizes(ref, got, m.score_threshold + margin)
         # the same 0.01 above the threshold: how much of the rest is detections at the threshold's edge
         matched_edge = share(m.score_threshold + margin + 0.01)[2]
         verdict = getattr(gpu, "verification", None) or {}
@@ -184,10 +196,49 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
             "matched_above_edge": matched_edge,
             "tf32": _tf32(gpu),
             "worst_iou": round(min(ious, default=1.0), 4),
+            **matched_sized,
+            **sizes,
             "start_s": round(start_s, 1),
         }
     finally:
         gpu.close()
+
+
+def _at_least(dets: list[Any], side: float) -> list[Any]:
+    """Each frame's detections whose box is at least ``side`` px wide and high."""
+    from streamd.types import Detections
+
+    out = []
+    for d in dets:
+        wh = d.xyxy[:, 2:] - d.xyxy[:, :2]
+        keep = (wh >= side).all(axis=1)
+        out.append(Detections(d.xyxy[keep], d.score[keep], d.class_id[keep]))
+    return out
+
+
+def _unmatched_sizes(ref: list[Any], got: list[Any], cut: float) -> dict[str, Any]:
+    """Median box size (sqrt of the area, input pixels) of all reference detections above ``cut`` and of
+    those without a same-class twin at IoU >= 0.95: IoU is ill-conditioned on boxes of a few pixels (a
+    0.05 px shift of a 1 px box costs 0.05 of IoU), which is where random-weight models disagree."""
+    from streamd.checks.compare import _iou
+
+    every: list[float] = []
+    lost: list[float] = []
+    for r, g in zip(ref, got, strict=True):
+        keep = r.score > cut
+        boxes, classes = r.xyxy[keep].astype(np.float64), r.class_id[keep]
+        if not len(boxes):
+            continue
+        side = np.sqrt(np.maximum(boxes[:, 2] - boxes[:, 0], 0) * np.maximum(boxes[:, 3] - boxes[:, 1], 0))
+        iou = _iou(boxes, g.xyxy.astype(np.float64)) * (classes[:, None] == g.class_id[None])
+        best = iou.max(axis=1, initial=0.0)
+        every += side.tolist()
+        lost += side[best < 0.95].tolist()
+    return {
+        "median_box_px": round(float(np.median(every)), 2) if every else None,
+        "unmatched_median_box_px": round(float(np.median(lost)), 2) if lost else None,
+        "unmatched_small_share": round(float(np.mean(np.array(lost) < 4.0)), 3) if lost else None,
+    }
 
 
 def _tf32(engine: Any) -> bool | None:

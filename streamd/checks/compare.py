@@ -169,16 +169,18 @@ def compare(
     output_name: str = "output",
     postprocess: Any = None,
     parts: Sequence[OutputPart] = (),
+    tolerance: Tolerance | None = None,
 ) -> tuple[list[OutputError], dict[str, Any]]:
     """Compare an engine's output batch with the reference's; returns (per-output errors, detection
     agreement dict with ``ref``, ``got``, ``matched``, ``worst_iou``) and sets ``passed`` on each.
 
     ``parts``: a packed several-output model's outputs (each compared on its own, by name);
-    ``postprocess``: a ``PostprocessSpec`` (its ``head``, or its layout resolved from the output's shape)."""
+    ``postprocess``: a ``PostprocessSpec`` (its ``head``, or its layout resolved from the output's shape);
+    ``tolerance`` replaces the precision's (``TOLERANCES``)."""
     from streamd.stages.postprocess.cpu import CpuPostprocessor, head_for
     from streamd.stages.postprocess.read import decode_rows
 
-    tol = TOLERANCES.get(precision, TOLERANCES["fp32"])
+    tol = tolerance or TOLERANCES.get(precision, TOLERANCES["fp32"])
     ref = reference.astype(np.float64)
     got = output.astype(np.float64)
     if ref.shape != got.shape:

@@ -164,3 +164,24 @@ def test_the_verdict_key_holds_the_engines_numerics(tf_style) -> None:
     assert tf32 != strict and tf32 == identity(
         engine("tf32=True,cudnn_benchmark=True"), tf_style, "fp32", PLAN
     )
+
+
+def test_auto_checks_every_precision_at_fp32s_detection_bar() -> None:
+    """engine.type auto promises the CPU path's detections: an fp16 engine it tries must match them as an
+    fp32 one must (IoU ≥ 0.95, 99 %), or auto goes on to fp32; a named engine.type with precision fp16 keeps
+    fp16's looser bar (what the user chose). The plan is part of the verdict's cache key."""
+    from dataclasses import replace
+
+    from streamd.config import load_config
+
+    demo = load_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
+
+    def plan(engine_type: str) -> VerifyPlan:
+        return VerifyPlan.from_config(replace(demo, engine=replace(demo.engine, type=engine_type)))
+
+    auto, named = plan("auto"), plan("torch")
+    assert (auto.tolerance("fp16").iou, auto.tolerance("fp16").match) == (0.95, 0.99)
+    assert auto.tolerance("fp16").max_rel == TOLERANCES["fp16"].max_rel  # outputs: still fp16's bounds
+    assert named.tolerance("fp16") == TOLERANCES["fp16"]
+    assert auto.tolerance("fp32") == named.tolerance("fp32") == TOLERANCES["fp32"]
+    assert auto.key() != named.key()
