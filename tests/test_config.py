@@ -732,3 +732,13 @@ def test_model_metadata_fills_what_the_config_leaves_out(tmp_path: Path) -> None
     assert m.class_names == ("cat", "dog") and m.input_size == (640, 384)
     assert m.std == (1.0, 1.0, 1.0)  # given in the config: kept
     assert m.mean == (0.0, 0.0, 0.0)  # metadata unparsable: the documented default
+
+
+def test_ring_slots_left_unset_follow_the_engines_lanes(folder: Path):
+    """engine.lanes 2 without pipeline.ring_slots: the default ring (3) rounded up to 4, not a config error
+    (bench_live --lanes 2 stopped at that error on the H200); set explicitly, it must be a multiple."""
+    config = load_config(write(folder, GOOD + "engine:\n  lanes: 2\n"))
+    assert config.pipeline.ring_slots == 4 and config.engine.lanes == 2
+    config = load_config(write(folder, GOOD + "engine:\n  lanes: 3\npipeline:\n  batch_size: 8\n"))
+    assert config.pipeline.ring_slots == 3
+    assert load_config(write(folder, GOOD)).pipeline.ring_slots == 3

@@ -166,6 +166,11 @@ def _parse(data: object, problems: Problems, model_file: bool = True) -> Config:
         )
     engine = parse_engine(data.get("engine"), problems, base_dir)
     pipeline = parse_pipeline(data.get("pipeline"), problems)
+    raw_pipeline = data.get("pipeline")
+    if not (isinstance(raw_pipeline, dict) and "ring_slots" in raw_pipeline) and engine.lanes > 1:
+        # the default ring (3 slots) rounded up to whole rounds of the lanes: slot k runs on lane k % lanes
+        slots = -(-pipeline.ring_slots // engine.lanes) * engine.lanes
+        pipeline = dataclasses.replace(pipeline, ring_slots=slots)
     verify_batch_fits_engine(pipeline, engine, problems)
     sinks = parse_sinks(data["sinks"], problems, base_dir) if "sinks" in data else DEFAULT_SINKS
     metrics = parse_metrics(data.get("metrics"), problems)
