@@ -7,7 +7,12 @@ model of a ``tools/model_zoo.py`` manifest): the first ``--frames`` frames of th
 preprocessed once on the CPU; ONNX Runtime CPU + ``CpuPostprocessor`` give the reference detections, the GPU
 engine (``create_engine`` with the start-up check, as ``streamd run`` does) + ``GpuPostprocessor`` the others.
 Reported per model: the check's verdict, the layout ``auto`` chose, reference and GPU detection counts and the
-share matched both ways by class at IoU ≥ 0.95 (reference detections above ``score_threshold + margin``).
+share matched both ways by class at IoU ≥ 0.95 (reference detections above ``score_threshold + margin``);
+beside it the same share counting only detections 0.01 above the threshold (``matched_above_edge``), with the
+twin searched on the other side decoded 0.01 below it (``matched_hysteresis_0.01``: a score that crossed the
+threshold in rounding still needs its twin box), over boxes at least 1 / 2 px a side (``matched_min_*px``),
+and the median size of the unmatched boxes. ``--precisions strict``: the torch engine as auto's last GPU rung
+builds it (fp32, no TF32, no cuDNN autotuning), measured even when its check refuses it.
 
   python bench/bench_families.py --zoo /tmp/zoo --frames 100 --json /tmp/families.json
 """
@@ -15,6 +20,7 @@ share matched both ways by class at IoU ≥ 0.95 (reference detections above ``s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streamd.checks.compare import agree  # noqa: E402
+from streamd.checks.compare import agree, match_detections  # noqa: E402
 from streamd.config import load_config  # noqa: E402
 from streamd.resources import bundled_path  # noqa: E402
 
@@ -175,6 +181,18 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
                 n_ref, hit_ref, n_got, hit_got = n_ref + a, hit_ref + b, n_got + c, hit_got + d
             return round(min(hit_ref / n_ref if n_ref else 1.0, hit_got / n_got if n_got else 1.0), 4)
 
+        # hysteresis: a detection above the threshold on one side is matched by a twin (same class, IoU >=
+        # 0.95) on the other side decoded at threshold - 0.01 — a score that crossed the threshold in
+        # rounding still needs its twin box (the CPU twin decodes the GPU's raw output at the lower cut)
+        low = dataclasses.replace(spec, score_threshold=max(0.0, m.score_threshold + margin - 0.01))
+        ref_low = CpuPostprocessor(low)(ref_out.astype(np.float32))
+        got_low = CpuPostprocessor(low)(gpu_out.astype(np.float32))
+        cut = m.score_threshold + margin
+        hyst = [match_detections(r, gl, cut, 0.95) for r, gl in zip(ref, got_low, strict=True)]
+        hyst_back = [match_detections(g, rl, cut, 0.95) for g, rl in zip(got, ref_low, strict=True)]
+        n_a, h_a = sum(x[0] for x in hyst), sum(x[1] for x in hyst)
+        n_b, h_b = sum(x[0] for x in hyst_back), sum(x[1] for x in hyst_back)
+        matched_hysteresis = round(min(h_a / n_a if n_a else 1.0, h_b / n_b if n_b else 1.0), 4)
         n_ref, n_got, matched, ious = share(m.score_threshold + margin)
         matched_sized = {f"matched_min_{s:g}px": share_sized(m.score_threshold + margin, s) for s in (1, 2)}
         sizes = _unmatched_sizes(ref, got, m.score_threshold + margin)
@@ -196,6 +214,7 @@ def _gpu_row(config: Any, batch: np.ndarray, ref_out: np.ndarray, engine_type: s
             "matched_above_edge": matched_edge,
             "tf32": _tf32(gpu),
             "worst_iou": round(min(ious, default=1.0), 4),
+            "matched_hysteresis_0.01": matched_hysteresis,
             **matched_sized,
             **sizes,
             "start_s": round(start_s, 1),
