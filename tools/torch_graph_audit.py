@@ -24,10 +24,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def audit(
-    model_path: Path, input_size: tuple[int, int] | None, batch: int = 2, copies: bool = True
+    model_path: Path | None,
+    input_size: tuple[int, int] | None,
+    batch: int = 2,
+    copies: bool = True,
+    converted: tuple[Any, tuple[int, int, int]] | None = None,
 ) -> list[tuple[str, str, str]]:
     """(node, module type, what) for each capture-breaking operation of one forward pass. ``copies=False``:
-    without the engine's kept device copies of host values (to see what they are for)."""
+    without the engine's kept device copies of host values (to see what they are for); ``converted``: an
+    already converted (fx module, (C, H, W)) instead of ``model_path``."""
     import torch
     from torch.fx import Interpreter
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -41,7 +46,12 @@ def audit(
         keep_constants_on_host,
     )
 
-    module, io, _ = convert_model(model_path, batch, input_size)
+    if converted is not None:
+        module, chw = converted
+    else:
+        assert model_path is not None
+        module, io, _ = convert_model(model_path, batch, input_size)
+        chw = io.chw
     module.eval()
     on_host = host_valued(module)  # shape arithmetic: the engine runs these nodes on the host
     # as place() does on a GPU (on the CPU the constants stay where they are, the copies copy nothing)
@@ -99,10 +109,11 @@ def audit(
                         found.append((n.name, current[1], f"device scalar index (argument {pos}) read back"))
             out = super().run_node(n)
             if current[1] == "DeviceCopy":  # a kept device copy: made outside the graph, a device tensor
+                out = out.clone()  # on the CPU the copy is its input itself: give it its own identity
                 host.pop(id(out), None)
             return out
 
-    c, h, w = io.chw
+    c, h, w = chw
     x = torch.rand(batch, c, h, w)
     with torch.inference_mode(), Watch():
         Walk(module).run(x)
@@ -118,7 +129,7 @@ def audit_cuda(model_path: Path, input_size: tuple[int, int] | None, batch: int 
     from streamd.engines.torch import convert_model, place
 
     module, io, _ = convert_model(model_path, batch, input_size)
-    module = place(module, torch.device("cuda", 0), None, False)
+    module = place(module, torch.device("cuda", 0), None, True)  # as the engine: channels-last weights
     c, h, w = io.chw
     x = torch.rand(batch, c, h, w, device="cuda")
     report: list[str] = []
@@ -145,7 +156,7 @@ def audit_cuda(model_path: Path, input_size: tuple[int, int] | None, batch: int 
             with torch.cuda.graph(graph):
                 Walk(module).run(x)
         except Exception as exc:
-            report.append(f"capture: {type(exc).__name__}: {str(exc)[:200]}")
+            report.append(f"{type(exc).__name__}: {str(exc)[:200]}")
             return ["capture: " + r for r in report]
     return report
 

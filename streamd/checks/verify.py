@@ -462,6 +462,10 @@ def create_engine(
         options = EngineOptions(**fields)
     elif fields:
         raise TypeError(f"create_engine: options given twice: {', '.join(fields)}")
+    if verify is True or verify is None:
+        verify = VerifyPlan()
+    if isinstance(verify, VerifyPlan):  # auto holds every precision to FP32's detection bar (VerifyPlan)
+        verify = dataclasses.replace(verify, detections_as_fp32=requested == "auto")
     check = functools.partial(check_created, plan=verify)
     pre = verify.preprocess if isinstance(verify, VerifyPlan) else None
     if options.input_size is None and pre is not None:  # a dynamic input H/W runs at model.input_size

@@ -103,7 +103,7 @@ def _label(name: str, options: EngineOptions, attempts: list[tuple[str, EngineOp
     """``name``, with the precision when ``auto`` tries this backend at more than one."""
     if sum(tried == name for tried, _ in attempts) == 1:
         return name
-    if options.precision == "fp32" and name == "torch" and not options.tf32:
+    if options.precision == "fp32" and name == "torch" and not options.tf32 and not options.cudnn_benchmark:
         return f"{name} at strict fp32 (no TF32, no cuDNN autotuning)"
     return f"{name} at {options.precision}"
 

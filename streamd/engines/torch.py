@@ -3,11 +3,10 @@ where TensorRT is not available).
 
 Conversion (``convert_model``): fixed batch 1 made dynamic when provably equivalent, onnxslim (if installed)
 folds Pads, ScatterND, Casts and shape arithmetic into constants, onnx2torch builds an ``fx.GraphModule``.
-Placement (``place``): weights on the GPU (FP16 / BF16 with ``precision: fp16`` / ``bf16``, optionally
-channels-last), but the small integer/shape constants that converted ops read with ``.tolist()`` (Reshape
-shapes, Resize scales, Pad pads, Split sizes, ...) stay on the host: reading them then needs no
-device-to-host copy, which is what lets a CUDA graph capture the forward pass. Input and output stay FP32
-whatever the precision.
+Placement (``place``, ``streamd.engines.torch_place``): weights on the GPU (FP16 / BF16 with ``precision:
+fp16`` / ``bf16``, optionally channels-last); the small constants and the shape arithmetic that converted ops
+read on the host stay there, and device ops get kept copies of the host values they read — so a CUDA graph
+can capture the forward pass. Input and output stay FP32 whatever the precision.
 
 Run (``enqueue``): the caller's device pointers are wrapped as tensors (``__cuda_array_interface__``, no
 copy), the forward pass runs under ``torch.cuda.ExternalStream`` of the caller's stream (a
@@ -25,7 +24,6 @@ bound by inference: a batch-32 NanoDet call leaves much of an H200 idle (bench/R
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import threading
 from dataclasses import dataclass, field, replace
@@ -38,33 +36,16 @@ from streamd.engines import onnx_tools, torch_ops
 from streamd.engines.base import EngineError
 from streamd.engines.onnx_outputs import prepare_io
 from streamd.engines.options import EngineOptions
+from streamd.engines.torch_place import HOST_ARGS as HOST_ARGS  # re-exported: tools, tests
+from streamd.engines.torch_place import SCALAR_INDEX_ARGS as SCALAR_INDEX_ARGS
+from streamd.engines.torch_place import host_valued as host_valued
+from streamd.engines.torch_place import keep_constants_on_host as keep_constants_on_host
+from streamd.engines.torch_place import place
 from streamd.exitcodes import EX_CONFIG
 from streamd.gpu.cuda import Stream
 from streamd.gpu.graph_cache import MAX_GRAPHS, GraphCache
 
 log = logging.getLogger(__name__)
-
-
-# onnx2torch module class -> argument positions it reads on the host (.tolist(), .item(), iteration).
-HOST_ARGS: dict[str, tuple[int, ...]] = {
-    "OnnxReshape": (1,),
-    "OnnxResize": (1, 2, 3),
-    "ExactResize": (1, 2, 3),
-    "OnnxResizeV10": (1,),
-    "OnnxPadDynamic": (1, 2),
-    "OnnxSplit13": (1,),
-    "OnnxSlice": (1, 2, 3, 4),
-    "OnnxUnsqueezeDynamicAxes": (1,),
-    "OnnxSqueezeDynamicAxes": (1,),
-    "OnnxExpand": (1,),
-    "OnnxTile": (1,),
-    "OnnxReduceSumDynamicAxes": (1,),
-    "OnnxConstantOfShape": (0,),
-    "OnnxScatterND": (1,),
-    "OnnxRange": (0, 1, 2),
-    "OnnxTopK": (1,),
-    "OnnxCumSum": (1,),
-}
 
 
 def convert_model(
@@ -111,225 +92,6 @@ def convert_onnx(model: Any, name: str = "model") -> tuple[Any, tuple[str, ...]]
     except Exception as exc:  # NotImplementedError for unsupported ops, and others
         raise EngineError(f"onnx2torch cannot convert {name}: {exc}") from exc
     return module.eval(), tuple(steps)
-
-
-def _positions(node: Any, user: Any, module: Any) -> list[int]:
-    """Argument positions at which fx node ``user`` (a call_module) receives ``node``."""
-    positions = [i for i, a in enumerate(user.args) if a is node]
-    if any(v is node for v in user.kwargs.values()):
-        names = list(inspect.signature(module.forward).parameters)
-        positions += [names.index(k) for k, v in user.kwargs.items() if v is node and k in names]
-    return positions
-
-
-class _HostShape:
-    """Factory for a torch module returning ``x.shape[start:end]`` as a host int64 tensor (onnx2torch's
-    OnnxShape puts it on the GPU, where the ops reading it would have to copy it back)."""
-
-    @staticmethod
-    def make(start: int, end: int | None) -> Any:
-        import torch
-
-        class HostShape(torch.nn.Module):
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return torch.tensor(x.shape[start:end], dtype=torch.int64)
-
-        return HostShape()
-
-
-SHAPE_CONSTANT_MAX = 64  # elements: a constant this small may join shape arithmetic on the host
-
-
-def host_valued(module: Any) -> set[Any]:
-    """The fx nodes whose values are computed on the host: each Shape (``_HostShape``), and every op whose
-    inputs are host values and small constants (the Gather/Concat/Mul chains that build Reshape targets
-    from a dynamic batch). Computing them on the host is what keeps them out of a CUDA graph: on the device,
-    the Reshape reading one would need a device-to-host copy, which capture forbids."""
-    graph = module.graph
-
-    def kind(node: Any) -> str:
-        return type(module.get_submodule(node.target)).__name__ if node.op == "call_module" else ""
-
-    def small_constant(node: Any) -> bool:
-        if node.op != "get_attr":
-            return False
-        owner_name, _, attr = node.target.rpartition(".")
-        value = getattr(module.get_submodule(owner_name) if owner_name else module, attr, None)
-        return getattr(value, "numel", lambda: SHAPE_CONSTANT_MAX + 1)() <= SHAPE_CONSTANT_MAX
-
-    def own_weights(node: Any) -> bool:  # a module with parameters computes with them, on the device
-        return node.op == "call_module" and any(True for _ in module.get_submodule(node.target).parameters())
-
-    host = {n for n in graph.nodes if kind(n) in ("OnnxShape", "HostShape")}
-    grew = bool(host)
-    while grew:
-        grew = False
-        for node in graph.nodes:
-            if node in host or node.op not in ("call_module", "call_function", "call_method"):
-                continue
-            if own_weights(node):
-                continue
-            inputs = node.all_input_nodes
-            if any(i in host for i in inputs) and all(i in host or small_constant(i) for i in inputs):
-                host.add(node)
-                grew = True
-    return host
-
-
-class _DeviceCopy:
-    """Factory for a torch module giving a device op the host value it reads (an index built from the batch
-    size, say): each distinct value is copied once and the copy kept, so a CUDA graph captured after the
-    eager run of the same call reads the kept copy — no copy during capture, none at replay. Host values are
-    shape arithmetic, so one batch size gives one value: at most one copy per batch size."""
-
-    @staticmethod
-    def make(device: Any) -> Any:
-        import torch
-
-        class DeviceCopy(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.target = device
-                self.copies: dict[tuple[Any, ...], torch.Tensor] = {}
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                if not isinstance(x, torch.Tensor) or x.device == self.target:
-                    return x
-                flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
-                key = (x.dtype, tuple(x.shape), bytes(flat.numpy()))
-                copy = self.copies.get(key)
-                if copy is None:
-                    copy = self.copies[key] = x.to(self.target)
-                return copy
-
-        return DeviceCopy()
-
-
-def _host_reads(module: Any, node: Any, user: Any) -> bool:
-    """True when ``user`` reads ``node`` only at argument positions its op reads on the host (HOST_ARGS)."""
-    sub = module.get_submodule(user.target) if user.op == "call_module" else None
-    wanted = HOST_ARGS.get(type(sub).__name__, ()) if sub is not None else ()
-    positions = _positions(node, user, sub) if sub is not None else [-1]
-    return bool(positions) and all(p in wanted for p in positions)
-
-
-# onnx2torch module class -> argument positions at which a 0-dim index becomes a Python int (x[..., i]): a
-# device scalar there is read back (a sync, which capture forbids), a host one is not.
-SCALAR_INDEX_ARGS: dict[str, tuple[int, ...]] = {"OnnxGather": (1,)}
-
-
-def _scalar_constant(module: Any, node: Any) -> bool:
-    owner_name, _, attr = node.target.rpartition(".")
-    value = getattr(module.get_submodule(owner_name) if owner_name else module, attr, None)
-    return getattr(value, "dim", lambda: -1)() == 0
-
-
-def _reads_scalar_index(module: Any, node: Any, user: Any) -> bool:
-    """True when ``user`` reads ``node`` (a 0-dim constant) only as a scalar index (SCALAR_INDEX_ARGS)."""
-    if user.op != "call_module":
-        return False
-    sub = module.get_submodule(user.target)
-    positions = _positions(node, user, sub)
-    return bool(positions) and all(p in SCALAR_INDEX_ARGS.get(type(sub).__name__, ()) for p in positions)
-
-
-def _copy_host_values_to_device(module: Any, on_host: set[Any], device: Any) -> list[str]:
-    """Route each host value a device op reads through a ``_DeviceCopy`` (see there)."""
-    graph = module.graph
-    done: list[str] = []
-    for node in [n for n in graph.nodes if n in on_host]:
-        device_users = [u for u in node.users if u not in on_host and not _host_reads(module, node, u)]
-        if not device_users:
-            continue
-        name = f"streamd_device_copy_{len(done)}"
-        module.add_submodule(name, _DeviceCopy.make(device))
-        with graph.inserting_after(node):
-            copied = graph.call_module(name, (node,))
-        for user in device_users:
-            user.replace_input_with(node, copied)
-        done.append(f"{node.name} (copied to the device once per value)")
-    return done
-
-
-def keep_constants_on_host(module: Any, device: Any = None) -> list[str]:
-    """Move the constants that converted ops read on the host back to the CPU; returns what was moved.
-
-    A constant used both on the host and on the device gets a host copy for the host uses. Shape arithmetic
-    (``host_valued``) runs on the host; where a device op reads its result, ``device`` (the module's) gets a
-    kept copy (``_DeviceCopy``).
-    """
-    import torch
-
-    graph = module.graph
-    on_host = host_valued(module)
-    moved: list[str] = _copy_host_values_to_device(module, on_host, device) if device is not None else []
-    for node in on_host:  # their modules' buffers too: OnnxRange makes its output on its dummy buffer's
-        # device
-        if node.op == "call_module":
-            sub = module.get_submodule(node.target)
-            for key, buf in list(sub._buffers.items()):
-                if isinstance(buf, torch.Tensor) and buf.device.type != "cpu":
-                    sub._buffers[key] = buf.cpu()
-                    moved.append(f"{node.target}.{key}")
-    for node in list(graph.nodes):
-        if node.op != "get_attr":
-            continue
-        host_users: list[Any] = []
-        device_users: list[Any] = []
-        scalar = _scalar_constant(module, node)
-        for user in node.users:
-            if user in on_host:  # shape arithmetic: computed on the host with the shapes it combines
-                host_users.append(user)
-                continue
-            host = _host_reads(module, node, user) or (scalar and _reads_scalar_index(module, node, user))
-            (host_users if host else device_users).append(user)
-        if not host_users:
-            continue
-        owner_name, _, attr = node.target.rpartition(".")
-        owner = module.get_submodule(owner_name) if owner_name else module
-        value = getattr(owner, attr)
-        if not isinstance(value, torch.Tensor):
-            continue
-        if device_users:
-            host_attr = f"{attr}_host"
-            owner.register_buffer(host_attr, value.detach().cpu())
-            with graph.inserting_after(node):
-                host_node = graph.get_attr(f"{owner_name}.{host_attr}" if owner_name else host_attr)
-            for user in host_users:
-                user.replace_input_with(node, host_node)
-            moved.append(f"{node.target} (host copy)")
-        else:
-            owner._buffers[attr] = value.detach().cpu()
-            moved.append(node.target)
-    for name, sub in list(module.named_modules()):
-        kind = type(sub).__name__
-        if kind == "OnnxConstantOfShape" and isinstance(getattr(sub, "value", None), torch.Tensor):
-            sub._buffers["value"] = sub.value.cpu()
-            moved.append(f"{name}.value")
-        elif kind == "OnnxShape" and name:
-            parent_name, _, child = name.rpartition(".")
-            parent = module.get_submodule(parent_name) if parent_name else module
-            setattr(parent, child, _HostShape.make(getattr(sub, "_start", 0), getattr(sub, "_end", None)))
-            moved.append(f"{name} (Shape)")
-    graph.lint()
-    module.recompile()
-    return moved
-
-
-def place(module: Any, device: Any, low: Any | None, channels_last: bool, host_constants: bool = True) -> Any:
-    """Move ``module`` to ``device`` (its floating weights cast to ``low``, torch.float16 or torch.bfloat16,
-    when given; channels-last weights if asked), constants per above."""
-    import torch
-
-    module = module.to(device)
-    if low is not None:
-        module = module.to(dtype=low)
-    if channels_last:
-        module = module.to(memory_format=torch.channels_last)
-    if host_constants and device.type == "cuda":
-        moved = keep_constants_on_host(module, device)
-        log.debug("torch engine: kept on the host: %s", ", ".join(moved) or "nothing")
-    return module
 
 
 class _CudaArray:
@@ -542,8 +304,15 @@ class TorchEngine:
             # recording", and memory freed into that pool can be handed out again under later engines'
             # tensors. End it here, and capture nothing more in this engine: what failed at one batch size
             # fails at the others.
-            with contextlib.suppress(Exception):  # already ended (capture_end got that far)
-                torch._C._cuda_endAllocateToPool(self.device.index or 0, lane.pool)
+            end = getattr(torch._C, "_cuda_endAllocateToPool", None)  # torch >= 2.8
+            end = end or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None)  # before
+            if end is None:
+                log.debug(
+                    "torch engine: no way to end the allocator's recording in torch %s", torch.__version__
+                )
+            else:
+                with contextlib.suppress(RuntimeError):  # already ended (capture_end got that far)
+                    end(self.device.index or 0, lane.pool)
             torch.cuda.synchronize(self.device)
             log.warning(
                 "torch engine: CUDA graph capture failed for batch %d (%s); this engine runs without CUDA "

@@ -38,20 +38,8 @@ def test_ssdlite_needs_its_scalar_gather_indices_on_the_host(torch_ready, monkey
     """torchvision's box decoding gathers with 0-dim constant indices (``boxes[:, 0]``): on the device each
     is read back as a Python int during the forward pass — the sync that made capture fail on the H200
     (``gather_1``, "operation not permitted when stream is capturing")."""
-    import streamd.engines.torch as engine_torch
+    import streamd.engines.torch_place as engine_torch
 
     monkeypatch.setattr(engine_torch, "_reads_scalar_index", lambda *args: False)
     found = _audit("ssdlite-tiny-160-batched.onnx")
     assert found and {kind for _, kind, _ in found} == {"OnnxGather"}, found
-
-
-def test_device_copy_copies_each_value_once() -> None:
-    from streamd.engines.torch import _DeviceCopy
-
-    copy = _DeviceCopy.make(torch.device("meta"))
-    a = copy(torch.arange(4))
-    assert a.device.type == "meta" and copy(torch.arange(4)) is a  # the kept copy, no new one
-    b = copy(torch.arange(6))  # another batch size: another value
-    assert b is not a and b.shape == (6,) and len(copy.copies) == 2
-    on_target = torch.empty(3, device="meta")
-    assert copy(on_target) is on_target
