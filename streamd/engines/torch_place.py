@@ -107,7 +107,7 @@ class _ConstantOfShape:
                 self.register_buffer("anchor", torch.zeros(0, dtype=torch.int8, device=value.device))
 
             def forward(self, shape: torch.Tensor) -> torch.Tensor:
-                anchor: torch.Tensor = self.anchor
+                anchor = self.get_buffer("anchor")
                 return torch.full(torch.Size(shape.tolist()), fill, dtype=dtype, device=anchor.device)
 
         return ConstantOfShape()
