@@ -12,6 +12,12 @@
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
+# Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
+# the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
+# --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
+# Next session, first call (the tree after the ninth session's last H200 run changed the placement code):
+#   FAMILY_TESTS="tests/engines/gpu tests/gpu" FAMILY_CONFIGS=configs/demo.yaml tools/gpu_models.sh families
+# then `live` (LIVE_R from RT-DETR's ceiling, ≈ 35 cameras at full rate) and `memory`.
 # Carry: .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
 set -uo pipefail
