@@ -735,6 +735,11 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="engine.compile: true")
     ap.add_argument("--p99-ms", type=float, default=50.0, help="p99 limit of the largest clean N")
+    ap.add_argument(
+        "--engine-img-s", type=float, default=0.0,
+        help="the engine's own img/s at this batch and precision (bench_engines): each row's detected fps "
+        "is reported as a share of it (the pipeline's efficiency when the engine is the bottleneck)",
+    )  # fmt: skip
     ap.add_argument("--lanes", type=int, default=1, help="engine.lanes")
     ap.add_argument("--workers", default="auto")
     ap.add_argument(
@@ -893,6 +898,11 @@ def main() -> int:
                     except Exception as exc:
                         print(f"pipelined ({kind} frames) failed: {exc!r}", flush=True)
                 print(json.dumps(results["pipelined"]), flush=True)
+    if args.engine_img_s:
+        results["engine_img_s"] = args.engine_img_s
+        for row in results.get("ramp", []):
+            if row.get("detected_fps") is not None:  # frames the engine ran (skipped ones are not detected)
+                row["engine_efficiency"] = round(row["detected_fps"] / args.engine_img_s, 3)
     if results.get("ramp"):
         results["p99_limit_ms"] = args.p99_ms
         results["largest_clean_streams"] = largest_clean(results["ramp"], args.p99_ms)
@@ -940,6 +950,15 @@ def markdown(r: dict) -> str:
             f"largest N with 0 drops and p99 <= {limit:g} ms: **{largest_clean(r['ramp'], limit)}**",
             "",
         ]
+    if r.get("engine_img_s"):  # issue 26 point 3: how much of the engine's own rate the daemon delivers
+        lines += [f"engine's own rate (bench_engines, same batch and precision): {r['engine_img_s']:g} img/s"]
+        lines += [
+            f"- {x['streams']} streams: detected {x.get('detected_fps')} img/s = "
+            f"**{x['engine_efficiency']:.3f}** of it"
+            for x in r.get("ramp", [])
+            if x.get("engine_efficiency") is not None
+        ]
+        lines.append("")
     if rows:
         lines += [
             "| streams | workers | offered fps | delivered fps | slowest / fastest 1 s | drops | p50 ms "

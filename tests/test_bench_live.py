@@ -34,7 +34,7 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
         [sys.executable, "bench/bench_live.py", "--clip", str(CLIP), "--fps", "10", "--engine", "onnxruntime",
          "--streams", "2", "--workers", "2", "--devices", "0", "1", "--restart", "2", "--restart-worker", "1",
          "--ceiling-threads", "0", "--ceiling-processes", "0", "--warmup", "2", "--window", "4",
-         "--out", str(out), "--tmp", str(tmp_path)],
+         "--engine-img-s", "40", "--out", str(out), "--tmp", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -53,3 +53,6 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     gaps = restart["victims_gaps"] + restart["others_gaps"]
     assert restart["dropped_after_decode"] is not None and gaps <= restart["dropped_after_decode"], restart
     assert "largest N with 0 drops and p99 <= 50 ms" in (out / "bench_live.md").read_text()
+    # the pipeline's efficiency against the engine's own rate given on the command line (issue 26 point 3)
+    assert row["engine_efficiency"] == round(row["detected_fps"] / 40, 3) and row["engine_efficiency"] > 0
+    assert "of it" in (out / "bench_live.md").read_text()

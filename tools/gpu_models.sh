@@ -8,7 +8,7 @@
 #                                  # RT-DETR-l's engine ceiling with graphs (~9 min)
 #   tools/gpu_models.sh live       # YOLOv8s and RT-DETR-l at 640, live 1080p30: largest clean N (0 drops,
 #                                  # p99 <= 100 ms) near the engine ceiling, and RT-DETR with detect_fps 10
-#                                  # (LIVE_Y="120 …", LIVE_R="24 …", LIVE_R10="72 …" override) (~9 min)
+#                                  # (LIVE_Y="112 120", LIVE_R="30 34", LIVE_R10="90 100" override) (~9 min)
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
@@ -76,7 +76,7 @@ except Exception as exc:
     print(sys.argv[2], sys.argv[3], "no result:", exc); raise SystemExit(1)
 row = r["ramp"][0]
 keys = ("streams", "delivered_fps", "detected_fps", "drops_in_window", "p50_ms", "p99_ms", "min_stream_share",
-        "min_fair_share", "workers_started", "warmup_s", "gpu_mb_per_process", "error")
+        "min_fair_share", "engine_efficiency", "workers_started", "warmup_s", "gpu_mb_per_process", "error")
 print(sys.argv[2], {k: row.get(k) for k in keys}, list(row.get("warnings", {}))[:3])
 raise SystemExit(0 if r.get("largest_clean_streams") == int(sys.argv[3]) else 1)
 PY
@@ -141,9 +141,17 @@ live)
     install
     build yolov8s rtdetr-l
     y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1); r=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
-    for n in ${LIVE_Y:-120 128}; do live yolov8s "$y" "$n" --batch 64 --lanes 2 || break; done
-    for n in ${LIVE_R:-24 32}; do live rtdetr "$r" "$n" --batch 32 --lanes 2 || break; done
-    for n in ${LIVE_R10:-72 96}; do live rtdetr-d10 "$r" "$n" --batch 32 --lanes 2 --detect-fps 10 || break; done
+    # --engine-img-s: bench_engines' rate at the same batch, precision and lanes (bench/RESULTS.md): each row's
+    # detected fps as a share of it (issue 26 point 3)
+    for n in ${LIVE_Y:-112 120}; do
+        live yolov8s "$y" "$n" --batch 64 --lanes 2 --engine-img-s "${ENGINE_Y:-3521}" || break
+    done
+    for n in ${LIVE_R:-30 34}; do
+        live rtdetr "$r" "$n" --batch 32 --lanes 2 --engine-img-s "${ENGINE_R:-1038}" || break
+    done
+    for n in ${LIVE_R10:-90 100}; do
+        live rtdetr-d10 "$r" "$n" --batch 32 --lanes 2 --detect-fps 10 --engine-img-s "${ENGINE_R:-1038}" || break
+    done
     ;;
 memory)
     install
