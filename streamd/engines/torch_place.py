@@ -209,7 +209,10 @@ def _reads_scalar_index(module: Any, node: Any, user: Any) -> bool:
 def _replace_device_reads(module: Any, node: Any, user: Any, copied: Any) -> None:
     """Give ``user`` ``copied`` in place of ``node`` at every position it reads on the device, keeping
     ``node`` where it reads on the host (a position in HOST_ARGS)."""
-    wanted = _host_positions(module, node, user) or set()
+    wanted = _host_positions(module, node, user)
+    if wanted is None:  # not a module call (the graph's output, a function): every read, nested ones too
+        user.replace_input_with(node, copied)
+        return
     user.args = tuple(copied if a is node and i not in wanted else a for i, a in enumerate(user.args))
     if any(v is node for v in user.kwargs.values()):
         names = list(inspect.signature(module.get_submodule(user.target).forward).parameters)

@@ -133,6 +133,21 @@ def test_a_host_read_position_keeps_the_host_value_when_the_same_op_also_reads_i
     assert user.args == (copied, value)
 
 
+def test_the_graph_output_gets_the_device_copy_even_inside_a_tuple() -> None:
+    """A host value the model returns (nested in the output tuple) is replaced there too."""
+    from torch import fx
+
+    from streamd.engines.torch_place import _replace_device_reads
+
+    graph = fx.Graph()
+    value = graph.placeholder("value")
+    copied = graph.placeholder("copied")
+    out = graph.output((value, value))
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    _replace_device_reads(module, value, out, copied)
+    assert out.args == ((copied, copied),)
+
+
 def test_device_copies_are_kept_per_value_and_bounded() -> None:
     from streamd.engines.torch_place import KEPT_COPIES_MAX, _DeviceCopy
 
