@@ -139,7 +139,14 @@ PY
     ;;
 live)
     install
-    build yolov8s rtdetr-l
+    t0=$(date +%s)
+    build yolov8s rtdetr-l &
+    if [[ -n "${FAMILY_TESTS:-}" ]]; then  # GPU tests beside the build (before any live row: no contention)
+        timeout 200 python3 -m pytest -q -p no:cacheprovider $FAMILY_TESTS >"$RES/gpu-tests.txt" 2>&1
+        tail -6 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
+    fi
+    wait
+    say "build + GPU tests in $(( $(date +%s) - t0 )) s"
     y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1); r=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
     # --engine-img-s: bench_engines' rate at the same batch, precision and lanes (bench/RESULTS.md): each row's
     # detected fps as a share of it (issue 26 point 3)
