@@ -60,6 +60,7 @@ def config_text(
     devices: tuple[int, ...] = (),
     model: Path = MODEL,
     model_keys: tuple[str, ...] = (),
+    engine_keys: tuple[str, ...] = (),
     input_size: tuple[int, int] | None = None,
     detect_fps: float | None = None,
     fill_skipped: bool = True,
@@ -86,6 +87,7 @@ def config_text(
         engine_lines += "  compile: true\n"
     if lanes != 1:
         engine_lines += f"  lanes: {lanes}\n"
+    engine_lines += "".join(f"  {k}\n" for k in engine_keys)
     tracking = ""
     if detect_fps and fill_skipped and "tracking:" not in extra:
         tracking = "tracking:\n  enabled: true\n  fill_skipped: true\n"
@@ -302,10 +304,12 @@ def live_run(
     out = tmp / f"live-{n}.jsonl"
     out.unlink(missing_ok=True)
     cfg = tmp / f"live-{n}.yaml"
+    spare = spare and not args.no_spare
     text = config_text(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
         extra="" if spare else "  spare_worker: false\n", realtime=realtime, devices=tuple(args.devices),
-        model=args.model, model_keys=tuple(args.model_key), detect_fps=args.detect_fps,
+        model=args.model, model_keys=tuple(args.model_key), engine_keys=tuple(args.engine_key),
+        detect_fps=args.detect_fps,
         input_size=tuple(args.input_size) if args.input_size else None, fill_skipped=not args.no_fill_skipped,
         precision=args.precision, compile=args.compile, lanes=args.lanes,
     )  # fmt: skip
@@ -716,6 +720,15 @@ def main() -> int:
     ap.add_argument(
         "--model-key", action="append", default=[], metavar="'KEY: VALUE'",
         help="an extra model: line of the generated config, e.g. 'layout: yolov8' (repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--engine-key", action="append", default=[], metavar="'KEY: VALUE'",
+        help="an extra engine: line, e.g. 'verify: false' for a model with random weights whose fp16 "
+        "detections differ from fp32 (its cost is what is measured) (repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--no-spare", action="store_true",
+        help="pipeline.spare_worker: false (its engine build, minutes on a loaded GPU, is not waited for)",
     )  # fmt: skip
     ap.add_argument(
         "--input-size", type=int, nargs=2, metavar=("W", "H"), default=None, help="model.input_size"

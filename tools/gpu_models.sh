@@ -9,6 +9,7 @@
 #   tools/gpu_models.sh live       # YOLOv8s and RT-DETR-l at 640, live 1080p30: largest clean N (0 drops,
 #                                  # p99 <= 100 ms) near the engine ceiling, and RT-DETR with detect_fps 10
 #                                  # (LIVE_Y="112 120", LIVE_R="30 34", LIVE_R10="90 100" override) (~9 min)
+#   ROWS="…" tools/gpu_models.sh rows   # live rows as written (see the mode), e.g. worker counts, MPS
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
@@ -158,6 +159,31 @@ live)
     done
     for n in ${LIVE_R10:-90 100}; do
         live rtdetr-d10 "$r" "$n" --batch 32 --lanes 2 --detect-fps 10 --engine-img-s "${ENGINE_R:-1038}" || break
+    done
+    ;;
+rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; …": one live row each, no spare
+    # worker (its engine build under load takes minutes); "mps:" runs the row under NVIDIA MPS
+    install
+    build yolov8s rtdetr-l
+    (which nvidia-cuda-mps-control && nvidia-smi -q | grep -i "compute mode") >>"$RES/summary.txt" 2>&1
+    IFS=';' read -ra rows <<<"${ROWS:-}"
+    for row in "${rows[@]}"; do
+        set -- $row
+        name="$1"; n="$2"; shift 2
+        mps=""; [[ "$name" == mps:* ]] && { mps=1; name="${name#mps:}"; }
+        if [[ -n "$mps" ]]; then
+            export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+            mkdir -p /tmp/mps-pipe /tmp/mps-log
+            nvidia-cuda-mps-control -d >>"$RES/summary.txt" 2>&1 || say "MPS did not start"
+        fi
+        k=$(( ${k:-0} + 1 ))
+        # random weights: RT-DETR's fp16 detections differ from fp32 (the check refuses it); its cost is measured
+        [[ "$name" == rtdetr* ]] && set -- "$@" --engine-key "verify: false"
+        live "row$k-${mps:+mps-}$name" "$(ls "$ZOO"/"$name"-640-dyn*.onnx | head -1)" "$n" --no-spare "$@"
+        if [[ -n "$mps" ]]; then
+            echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        fi
     done
     ;;
 memory)
