@@ -42,8 +42,9 @@ def test_worker_count_is_the_supervisors(tmp_path, monkeypatch, streams: int, wo
 def test_estimate_adds_workers_engines_cameras_and_the_spare(tmp_path) -> None:
     config, _ = _config(tmp_path, 4, "  workers: 2\n")
     # By hand from the documented constants: the clip is 768x576; the model 416x416, fp16, batch 8, 1 lane.
-    engine = MODEL.stat().st_size / 2**20 / 2 + 60.0 * (416 * 416 / 1e6) * 8
-    camera = 50.0 * 768 * 576 / (1920 * 1080)
+    file_mb = MODEL.stat().st_size / 2**20
+    engine = file_mb / 2 + (70.0 + 1.4 * file_mb) * (416 * 416 / 1e6) * 8
+    camera = 60.0 * 768 * 576 / (1920 * 1080)
     worker = 1550.0 + engine + 2 * camera
     got = estimate(config)
     assert list(got) == [0]
@@ -98,3 +99,30 @@ def test_check_warns_with_a_fake_nvidia_smi(tmp_path) -> None:
         warned = "streamd: warning: GPU 0: estimated" in proc.stderr and "of 2.0 GiB" in proc.stderr
         assert warned == (not extra), proc.stderr  # --no-model stays quick: no estimate
         assert ": OK (3 stream(s)" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+# Measured on the H200 (bench/RESULTS.md "Live density with real-size detectors", 2026-12-02, nvidia-smi per
+# worker process, live 1080p30 H.264, fp16, torch engine, no spare): ONNX file MiB, batch, lanes, cameras per
+# worker, and each worker's MB. The rows the constants were fitted to; the estimate must stay within 20 % of
+# each row's mean (a sizing aid: `streamd check` warns from it).
+YOLOV8S_MB, RTDETR_MB = 45148399 / 2**20, 129833559 / 2**20
+MEASURED = [
+    (YOLOV8S_MB, 16, 1, 24, [3633, 3719, 4369]),  # 72 cameras over 3 workers
+    (YOLOV8S_MB, 16, 1, 20, [3565, 3569, 4097, 4181]),  # 80 over 4
+    (YOLOV8S_MB, 32, 1, 24, [4495, 4723, 5203, 5499]),  # 96 over 4
+    (YOLOV8S_MB, 16, 2, 32, [4954, 6214]),  # 64 over 2
+    (RTDETR_MB, 16, 2, 24, [5463]),
+    (RTDETR_MB, 16, 2, 30, [5704]),
+    (RTDETR_MB, 16, 2, 32, [6266]),
+    (RTDETR_MB, 8, 1, 24, [3259, 3279, 3291]),  # 72 cameras at detect_fps 10 over 3
+]
+
+
+@pytest.mark.parametrize(("file_mb", "batch", "lanes", "cameras", "measured"), MEASURED)
+def test_the_estimate_is_within_20_percent_of_measured_workers(
+    file_mb: float, batch: int, lanes: int, cameras: int, measured: list[int]
+) -> None:
+    engine = memory.engine_mb_for(file_mb, (640, 640), batch, lanes)
+    got = memory.worker_mb(engine, [memory.PIXELS_1080P] * cameras)
+    mean = sum(measured) / len(measured)
+    assert abs(got - mean) <= 0.2 * mean, (got, mean)

@@ -3,9 +3,10 @@ each GPU — per worker process, per camera, per engine — and warns (a warning
 estimate passes the GPU's total. Nothing here touches CUDA: the total comes from NVML (nvidia-ml-py, if
 importable) or ``nvidia-smi``; with neither (no GPU) the estimate is skipped with a note.
 
-The constants are placeholders from the H200 figures in bench/RESULTS.md (nvidia-smi per process, live
-1080p30 H.264, bundled NanoDet, fp16, torch engine, NVDEC); ``bench/bench_memory.py`` measures them again
-(issue 26) and each constant names the row it comes from. The estimate is a sizing aid, not a promise.
+The constants are fitted to the H200 figures in bench/RESULTS.md (nvidia-smi per process, live 1080p30 H.264,
+the bundled NanoDet, YOLOv8s and RT-DETR-l, fp16, torch engine, NVDEC); each constant names the rows it comes
+from, and tests/test_memory_check.py holds the estimate to within 20 % of the measured rows. The estimate is a
+sizing aid, not a promise.
 """
 
 from __future__ import annotations
@@ -24,16 +25,20 @@ from streamd.config import Config, StreamConfig
 # of bench/RESULTS.md's live table (1 stream, batch 4, after gc.freeze: 1,602 MB per worker), less that
 # engine's activations at batch 4 (~40 MB by ACTIVATION_MB_PER_MPIX).
 WORKER_BASE_MB = 1550.0
-# One 1080p camera on NVDEC (decoder surfaces, its frame queue, its share of the ring): the 120- and
-# 175-stream rows (14:10) held 2,520-2,612 MB per worker at 15 streams and 2,935-3,483 MB at 22, i.e.
-# (worker - base - engine) / streams ≈ 50 MB (the estimate gives 2,556 MB per process at 120). Scaled by
-# pixel count for other sizes. Cross-check: 175 HEVC cameras over 12 workers + spare held ≈ 37 GB (issue
-# 26); these constants give 32.5 GiB for that config, so HEVC likely costs more per camera than H.264
-# (bench_memory.py measures both).
-CAMERA_MB_1080P = 50.0
-# Engine activations + CUDA graph pool per image of the batch, per megapixel of model input, fp16:
-# placeholder fitted to the same rows (NanoDet 416x416 at batch 32 ≈ 330 MB); fp32 doubles it.
-ACTIVATION_MB_PER_MPIX = 60.0
+# One 1080p camera on NVDEC (decoder surfaces, its frame queue, its share of the ring). Fitted (tenth
+# session) to eight live rows of bench/RESULTS.md "Live density with real-size detectors" (YOLOv8s and
+# RT-DETR-l at 640, 20-32 cameras per worker, nvidia-smi per process): (process - base - engine) / cameras =
+# 24-72 MB. Scaled by pixel count for other sizes. Overloaded workers hold more (their queues full: 17.8 GB at
+# 56 cameras per worker).
+CAMERA_MB_1080P = 60.0
+# Engine activations + CUDA graph pools per image of the batch, per megapixel of model input, fp16, as a line
+# in the model's fp32 weight size (the ONNX file): bigger models have wider activations. Fitted to the engine
+# peaks of bench_engines (YOLOv8s 2,506 MB, RT-DETR-l 7,238 MB at batch 64; NanoDet 416² ≈ 330 MB at batch 32)
+# and the live rows' batch-to-batch differences: ≈ 130 MB/Mpix for YOLOv8s (43 MB of weights), ≈ 250 for
+# RT-DETR-l (130 MB); NanoDet (15 MB) gets ≈ 90 (measured ≈ 60: the estimate errs on the large side). fp32
+# doubles it.
+ACTIVATION_MB_PER_MPIX = 70.0
+ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
 PIXELS_1080P = 1920 * 1080
@@ -127,15 +132,27 @@ def engine_mb(config: Config) -> float:
     """One engine in one worker: weights (the ONNX file's size, halved at 16 bits) plus activations and graph
     pools per lane at max batch."""
     e, m = config.engine, config.model
-    bits16 = e.precision in ("fp16", "bf16", "int8")
     try:
-        weights = os.path.getsize(m.path) / 2**20 * (0.5 if bits16 else 1.0)
+        file_mb = os.path.getsize(m.path) / 2**20
     except OSError:  # check --no-model: the file may not be here
-        weights = 0.0
-    w, h = m.input_size
-    batch = max(config.pipeline.batch_size, 1)
-    per_image = ACTIVATION_MB_PER_MPIX * (w * h / 1e6) * (1.0 if bits16 else 2.0)
-    return weights + per_image * batch * e.lanes
+        file_mb = 0.0
+    bits16 = e.precision in ("fp16", "bf16", "int8")
+    return engine_mb_for(file_mb, m.input_size, max(config.pipeline.batch_size, 1), e.lanes, bits16)
+
+
+def engine_mb_for(
+    file_mb: float, input_size: tuple[int, int], batch: int, lanes: int, bits16: bool = True
+) -> float:
+    """``engine_mb`` from the numbers it reads: the ONNX file's MiB, model.input_size, batch, engine.lanes."""
+    w, h = input_size
+    per_mpix = ACTIVATION_MB_PER_MPIX + ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB * file_mb
+    per_image = per_mpix * (w * h / 1e6) * (1.0 if bits16 else 2.0)
+    return file_mb * (0.5 if bits16 else 1.0) + per_image * batch * lanes
+
+
+def worker_mb(engine: float, pixels: list[int]) -> float:
+    """One worker process: its base, its engine, its cameras (pixels per camera)."""
+    return WORKER_BASE_MB + engine + sum(CAMERA_MB_1080P * p / PIXELS_1080P for p in pixels)
 
 
 def estimate(config: Config, pixels: list[int] | None = None) -> dict[int, float]:
@@ -147,8 +164,7 @@ def estimate(config: Config, pixels: list[int] | None = None) -> dict[int, float
     engine = engine_mb(config)
     per_device: dict[int, float] = {}
     for k in range(n):
-        cams = pixels[k::n]
-        mb = WORKER_BASE_MB + engine + sum(CAMERA_MB_1080P * p / PIXELS_1080P for p in cams)
+        mb = worker_mb(engine, pixels[k::n])
         dev = devices[k % len(devices)]
         per_device[dev] = per_device.get(dev, 0.0) + mb
     if n >= 2 and config.pipeline.spare_worker:
