@@ -101,7 +101,7 @@ def test_check_warns_with_a_fake_nvidia_smi(tmp_path) -> None:
         assert ": OK (3 stream(s)" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-# Measured on the H200 (bench/RESULTS.md "Live density with real-size detectors", 2026-12-02, nvidia-smi per
+# Measured on the H200 (bench/RESULTS.md "Live density with real-size detectors", 2026-12-01, nvidia-smi per
 # worker process, live 1080p30 H.264, fp16, torch engine, no spare): ONNX file MiB, batch, lanes, cameras per
 # worker, and each worker's MB. The rows the constants were fitted to; the estimate must stay within 20 % of
 # each row's mean (a sizing aid: `streamd check` warns from it).
