@@ -16,9 +16,11 @@
 # Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
-# Next session, first call (the tree after the ninth session's last H200 run changed the placement code):
-#   FAMILY_TESTS="tests/engines/gpu tests/gpu" FAMILY_CONFIGS=configs/demo.yaml tools/gpu_models.sh families
-# then `live` (LIVE_R from RT-DETR's ceiling, ≈ 35 cameras at full rate) and `memory`.
+# Env for live rows: TASKSET (cores the daemon is pinned to). Next session (tenth session's results in
+# bench/RESULTS.md "Live density with real-size detectors"): `memory`; then rows for issue 26's open points:
+#   ROWS="rtdetr-l 42 --workers 1 --batch 16 --lanes 2 --engine-img-s 1038; …"   # 1.3x RT-DETR's capacity
+#   TASKSET=0-7 ROWS="yolov8s 48 --workers 2 --batch 16 …; rtdetr-l 24 --workers 1 --batch 16 --lanes 2 …"
+# and RT-DETR's ceiling with `--variants compile` (bench_engines), never measured.
 # Carry: .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
 set -uo pipefail
@@ -65,7 +67,8 @@ live() {  # NAME MODEL N [bench_live args...]: one live row; prints it; 0 when c
     local name="$1" model="$2" n="$3"; shift 3
     local dir="$RES/$name-$n"
     if (( SECONDS > ${LIVE_BUDGET_S:-430} )); then say "$name $n skipped: the call's time is spent"; return 2; fi
-    timeout 300 python3 bench/bench_live.py --clip "$CLIP" --model "$model" --input-size 640 640 \
+    # TASKSET=0-7: the daemon (and bench) pinned to those cores, as on an 8-core edge box (issue 26 point 6)
+    timeout 300 ${TASKSET:+taskset -c "$TASKSET"} python3 bench/bench_live.py --clip "$CLIP" --model "$model" --input-size 640 640 \
         --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
         --model-key "score_threshold: $(threshold "$model")" --streams "$n" --p99-ms 100 \
         --ceiling-threads 0 --ceiling-processes 0 --out "$dir" "$@" >"$dir.log" 2>&1
