@@ -56,3 +56,20 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     # the pipeline's efficiency against the engine's own rate given on the command line (issue 26 point 3)
     assert row["engine_efficiency"] == round(row["detected_fps"] / 40, 3) and row["engine_efficiency"] > 0
     assert "of it" in (out / "bench_live.md").read_text()
+
+
+def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
+    from bench.bench_live import config_text
+    from streamd.config import load_config
+
+    text = config_text(
+        CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1", engine_keys=("verify: false",),
+        extra="  spare_worker: false\n", lanes=2,
+    )  # fmt: skip
+    (tmp_path / "c.yaml").write_text(text)
+    config = load_config(tmp_path / "c.yaml")
+    assert config.engine.verify is False and config.engine.lanes == 2
+    assert config.pipeline.spare_worker is False
+    default = config_text(CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1")
+    (tmp_path / "d.yaml").write_text(default)
+    assert load_config(tmp_path / "d.yaml").engine.verify is not False
