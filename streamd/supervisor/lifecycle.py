@@ -67,6 +67,7 @@ class Supervisor:
         self._t0 = time.monotonic()
         self._last_ping = self._last_status = 0.0
         self._overloaded = False
+        self._behind_ticks = 0  # status ticks in a row that saw a stream behind real time
         self._reloads = 0  # generation of the reload outcome (streamd.supervisor.control): SIGHUPs handled
         self._last_health = 0.0
         usec = systemd.watchdog_usec()
@@ -457,7 +458,10 @@ class Supervisor:
             note += f", {waiting} stream(s) waiting for a GPU decoder"
         systemd.notify(f"STATUS={s['results']} frames, {s['fps']:.1f} fps, {s['dropped']} dropped{note}")
         self._last_status = now
-        if bool(behind) == self._overloaded:  # said when it starts and when it ends, not every tick
+        # Said when it starts and when it ends, not every tick; it starts when two ticks in a row (>= 5 s) see
+        # streams behind: a start-up's first seconds (decoders coming up, first batches) are not an overload.
+        self._behind_ticks = self._behind_ticks + 1 if behind else 0
+        if bool(behind) == self._overloaded or (behind and self._behind_ticks < 2):
             return
         self._overloaded = bool(behind)
         if behind:
