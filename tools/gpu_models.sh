@@ -10,6 +10,7 @@
 #                                  # p99 <= 100 ms) near the engine ceiling, and RT-DETR with detect_fps 10
 #                                  # (LIVE_Y="112 120", LIVE_R="30 34", LIVE_R10="90 100" override) (~9 min)
 #   ROWS="â€¦" tools/gpu_models.sh rows   # live rows as written (see the mode), e.g. worker counts, MPS
+#   tools/gpu_models.sh gil      # py-spy --gil of one worker at GIL_N cameras (the per-worker host limit)
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
@@ -187,6 +188,43 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; â
             echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1
             unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         fi
+    done
+    ;;
+gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one worker, live, fp16): the host
+    # limit of a worker (RESULTS "Live density with real-size detectors": 1 ms of host CPU per frame at 24-30
+    # cameras, 7 ms at 112). Carry .whl-live, .whl-spy (py-spy wheel) and the clip (no zoo needed).
+    install
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1
+    for n in ${GIL_N:-24 56}; do
+        python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
+config_text; print(config_text(Path('$CLIP'), $n, Path('/tmp/gil-$n.jsonl'), batch=16, workers='1', engine='${GIL_ENGINE:-torch}', \
+extra='  spare_worker: false\n'))" >"/tmp/gil-$n.yaml"
+        python3 -m streamd run "/tmp/gil-$n.yaml" >"$RES/gil-$n-daemon.log" 2>&1 &
+        pid=$!
+        sleep "${GIL_WARM_S:-35}"
+        /tmp/spy/bin/py-spy record --gil --subprocesses --nonblocking -r 100 -d "${GIL_S:-20}" -f raw \
+            -o "$RES/gil-$n.txt" --pid "$pid" >"$RES/gil-$n-spy.log" 2>&1
+        /tmp/spy/bin/py-spy record --subprocesses --nonblocking -r 100 -d 10 -f raw -o "$RES/all-$n.txt" \
+            --pid "$pid" >>"$RES/gil-$n-spy.log" 2>&1
+        kill -INT "$pid"; wait "$pid"
+        say "gil $n: $(grep -h 'done:' "$RES/gil-$n-daemon.log" | tail -1 | cut -c1-200)"
+        python3 - "$RES/gil-$n.txt" <<'PY' | tee -a "$RES/summary.txt"
+import collections, re, sys
+incl, own, total = collections.Counter(), collections.Counter(), 0
+for line in open(sys.argv[1]):
+    stack, n = line.rsplit(" ", 1)
+    frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";") if "(" in f]
+    total += int(n)
+    if frames:
+        own[frames[-1]] += int(n)
+        for f in set(frames):
+            incl[f] += int(n)
+print("GIL samples", total)
+for k, v in incl.most_common(30):
+    print(f"{v:6d} {100 * v / max(total, 1):5.1f}% incl {k[:140]}")
+for k, v in own.most_common(20):
+    print(f"{v:6d} {100 * v / max(total, 1):5.1f}% self {k[:140]}")
+PY
     done
     ;;
 memory)
