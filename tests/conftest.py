@@ -177,8 +177,61 @@ SERIAL_FILES = {
 }
 
 
+# Tests of those files that measure no timing (bookkeeping, a whole file run unpaced, open counts): they run
+# with the rest, so the serial part waits only on what needs the cores to itself.
+NOT_SERIAL = {
+    "tests/test_supervisor.py::test_partition_round_robin_over_workers_and_devices",
+    "tests/test_supervisor.py::test_one_spare_per_gpu_and_a_dead_worker_goes_to_its_own",
+    "tests/test_supervisor.py::test_no_spare_with_one_worker_or_when_turned_off",
+    "tests/test_supervisor.py::test_streams_over_two_workers_complete_and_ordered",
+    "tests/test_supervisor.py::test_bad_model_fails_once_with_one_line_and_exit_78",
+    "tests/test_supervisor.py::test_a_stream_that_starts_mid_window_is_not_behind",
+    "tests/test_bench_live.py::test_largest_clean_needs_every_stream_carried_without_drops_in_time",
+    "tests/api/test_control_api.py::test_a_token_is_required_off_loopback_and_a_bad_state_file_stops_the_start",
+    "tests/sources/test_live.py::test_reconnect_attempts_reopens_n_times_then_gives_up",
+    "tests/sources/test_live.py::test_reconnect_attempts_one_is_one_reopen",
+    "tests/sources/test_live.py::test_reconnect_attempts_zero_retries_forever",
+}
+
+# The files that take longest (measured on the 2-core CI machine, -n 3), longest first: pytest-xdist hands
+# files out in collection order (README's command passes --no-loadscope-reorder), so these start first and
+# no worker is left running a long file alone at the end. A file missing here just runs after them.
+LONG_FILES = (
+    "tests/test_zoo_families.py",
+    "tests/service/test_service.py",
+    "tests/test_e2e.py",
+    "tests/sinks/test_mqtt_sink.py",
+    "tests/test_bench_tools.py",
+    "tests/analytics/test_lines_clip.py",
+    "tests/sinks/test_ha_discovery.py",
+    "tests/sinks/test_file_sink.py",
+    "tests/clips/test_clip_rtsp.py",
+    "tests/sinks/test_redis_sink.py",
+    "tests/analytics/test_end_of_stream.py",
+    "tests/test_packaging.py",
+    "tests/decode/test_cpu_decoder.py",
+    "tests/test_reference_detections.py",
+    "tests/service/test_seccomp_run.py",
+    "tests/clips/test_retention.py",
+    "tests/test_supervisor.py",
+    "tests/test_health.py",
+    "tests/test_config.py",
+    "tests/clips/test_clip_files.py",
+    "tests/test_daemon.py",
+    "tests/sources/test_broken_input.py",
+    "tests/test_model_check.py",
+    "tests/sources/test_rtsp.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
+    rank = {f: k for k, f in enumerate(LONG_FILES)}
+    files = {id(item): Path(str(item.fspath)).resolve().relative_to(root).as_posix() for item in items}
     for item in items:
-        if Path(str(item.fspath)).resolve().relative_to(root).as_posix() in SERIAL_FILES:
+        name = files[id(item)]
+        test = f"{name}::{item.nodeid.split('::', 1)[-1].split('[')[0]}"
+        if name in SERIAL_FILES and test not in NOT_SERIAL:
             item.add_marker(pytest.mark.serial)
+    # a stable sort: the other files, and the tests within each file, keep their order
+    items.sort(key=lambda item: rank.get(files[id(item)], len(LONG_FILES)))
