@@ -1,7 +1,7 @@
 """Host cost of the per-stream analytics per frame, on synthetic walkers: CPU time of
 ``StreamAnalytics.annotate`` and its JSON lines (tracking, zones, events, dwell, line crossings) vs the plain
-JSON line, for several object counts. The analytics run in the worker's result thread, so this is what
-tracking adds per frame to that thread (and to the GIL).
+JSON line (made by orjson; also through stdlib json, side by side), for several object counts. The analytics
+run in the worker's result thread, so this is what tracking adds per frame to that thread (and to the GIL).
 
     python bench/bench_analytics.py [--frames 2000] [--objects 5 20 50] [--out DIR]
 
@@ -26,6 +26,7 @@ from streamd.analytics.stream import StreamAnalytics  # noqa: E402
 from streamd.config import parse_config  # noqa: E402
 from streamd.config.coco import COCO_NAMES  # noqa: E402
 from streamd.types import Detections, Frame, FrameResult  # noqa: E402
+from streamd.worker import output  # noqa: E402
 from streamd.worker.output import encode_all, frame_line  # noqa: E402
 
 
@@ -66,6 +67,7 @@ def main() -> None:
     zone = {"name": "left", "polygon": [[0, 0], [960, 0], [960, 1080], [0, 1080]]}
     lines = [{"name": f"x{x}", "points": [[x, 100], [x + 100, 1000]]} for x in (300, 700, 1100, 1500)]
     setups = {
+        "plain line, stdlib json": "json",
         "plain line": None,
         "tracking": {"streams": [{"id": "cam", "url": "v.mp4"}], "tracking": {"enabled": True}},
         "tracking + zone + events": {
@@ -82,7 +84,13 @@ def main() -> None:
         dets = walkers(args.frames, n)
         row = {"objects": n}
         for name, data in setups.items():
-            if data is None:
+            if data == "json":  # the same line through stdlib json (where orjson is not installed)
+                fast, output._dumps = output._dumps, output._dumps_stdlib
+                try:
+                    row[name] = cpu_ms_per_frame(lambda r: frame_line(r, COCO_NAMES), dets)
+                finally:
+                    output._dumps = fast
+            elif data is None:
                 row[name] = cpu_ms_per_frame(lambda r: frame_line(r, COCO_NAMES), dets)
             else:
                 hook = StreamAnalytics(parse_config(data, tmp).streams[0], COCO_NAMES)

@@ -44,6 +44,10 @@ install() {
             >"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
     fi
     for t in .whl-live/*.tar.xz; do [[ -f "$t" && ! -d /tmp/site/PyNvVideoCodec ]] && tar xJf "$t" -C /tmp/site; done
+    if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson ]]; then  # orjson (cp312, 130 kB)
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-live/*.whl \
+            >>"$RES/pip.txt" 2>&1
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$RES/gpu.txt"
 }
 

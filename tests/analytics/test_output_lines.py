@@ -19,6 +19,7 @@ from streamd.analytics.stream import StreamAnalytics
 from streamd.config import parse_config
 from streamd.config.coco import COCO_NAMES
 from streamd.types import Detections, Frame, FrameResult
+from streamd.worker import output
 from streamd.worker.output import encode_all, frame_line
 from tests.conftest import SCHEMA
 
@@ -92,9 +93,14 @@ def replay(
     return lines + flushed()
 
 
+@pytest.mark.parametrize("encoder", ["orjson", "stdlib"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_lines_are_byte_identical_to_the_string_encoder(name, tmp_path, monkeypatch):
+def test_lines_are_byte_identical_to_the_string_encoder(name, encoder, tmp_path, monkeypatch):
     monkeypatch.setattr("time.perf_counter", lambda: 0.0)  # predicted frames' total latency: fixed
+    if encoder == "stdlib":  # a box without orjson writes the same bytes (the golden hashes predate orjson)
+        monkeypatch.setattr(output, "_dumps", output._dumps_stdlib)
+    else:
+        assert output._dumps is not output._dumps_stdlib, "orjson is a dependency: it must be in use"
     stream, tracking = CONFIGS[name]
     (tmp_path / "v.mp4").write_bytes(b"\0")
     data = {"streams": [{"id": "cam", "url": "v.mp4", **stream}], "tracking": tracking}
@@ -115,3 +121,16 @@ def test_lines_are_byte_identical_to_the_string_encoder(name, tmp_path, monkeypa
     assert all(re.search(r',"time_in_zone_s":\d+(\.\d+)?,"track_id"', line) for line in leaves)
     before = re.sub(r',"time_in_zone_s":[^,]+', "", "".join(lines))
     assert hashlib.sha256(before.encode()).hexdigest() == GOLDEN[name]
+
+
+def test_both_encoders_write_utf8_labels_and_equal_values() -> None:
+    """Labels are written as UTF-8 by both encoders (not escaped); tiny floats are spelled differently
+    (0.00001 vs 1e-05) but parse to the same values."""
+    det = Detections(
+        np.array([[1, 2, 3, 4]], np.float32), np.array([0.5], np.float32), np.array([0], np.int32)
+    )
+    r = FrameResult(Frame("cámara-1", 0, 0.00001, 640, 480, wall_time=1.7e9), det, {"total": 1.0})
+    fast = output._dumps(output.frame_record(r, ["persona ñ"]))
+    slow = output._dumps_stdlib(output.frame_record(r, ["persona ñ"]))
+    assert '"label":"persona ñ"' in fast and '"label":"persona ñ"' in slow and '"stream":"cámara-1"' in fast
+    assert json.loads(fast) == json.loads(slow) and json.loads(fast)["pts"] == 0.00001
