@@ -23,7 +23,7 @@ from streamd.config import Config, StreamConfig
 
 # One worker process with nothing but its CUDA context, torch, the kernels and a small engine: the 14:37 row
 # of bench/RESULTS.md's live table (1 stream, batch 4, after gc.freeze: 1,602 MB per worker), less that
-# engine's activations at batch 4 (~40 MB by ACTIVATION_MB_PER_MPIX).
+# engine's activations at batch 4 (~60 MB by ACTIVATION_MB_PER_MPIX*).
 WORKER_BASE_MB = 1550.0
 # One 1080p camera on NVDEC (decoder surfaces, its frame queue, its share of the ring). Fitted (tenth
 # session) to eight live rows of bench/RESULTS.md "Live density with real-size detectors" (YOLOv8s and

@@ -134,3 +134,8 @@ def test_both_encoders_write_utf8_labels_and_equal_values() -> None:
     slow = output._dumps_stdlib(output.frame_record(r, ["persona ñ"]))
     assert '"label":"persona ñ"' in fast and '"label":"persona ñ"' in slow and '"stream":"cámara-1"' in fast
     assert json.loads(fast) == json.loads(slow) and json.loads(fast)["pts"] == 0.00001
+    # numpy scalars (json writes np.float64, a float subclass; orjson needs its numpy option) and a value
+    # orjson refuses but json takes (an int past 64 bits) give json's line, never an exception
+    scalars = {"pts": np.float64(0.5), "frame": np.int64(7)}
+    assert json.loads(output._dumps(scalars)) == {"pts": 0.5, "frame": 7}
+    assert json.loads(output._dumps({"big": 2**70})) == {"big": 2**70}
