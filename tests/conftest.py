@@ -186,6 +186,8 @@ NOT_SERIAL = {
     "tests/test_supervisor.py::test_streams_over_two_workers_complete_and_ordered",
     "tests/test_supervisor.py::test_bad_model_fails_once_with_one_line_and_exit_78",
     "tests/test_supervisor.py::test_a_stream_that_starts_mid_window_is_not_behind",
+    "tests/test_supervisor.py::test_the_overload_warning_needs_two_ticks_behind",
+    "tests/test_bench_live.py::test_engine_keys_land_in_the_engine_section",
     "tests/test_bench_live.py::test_largest_clean_needs_every_stream_carried_without_drops_in_time",
     "tests/api/test_control_api.py::test_a_token_is_required_off_loopback_and_a_bad_state_file_stops_the_start",
     "tests/sources/test_live.py::test_reconnect_attempts_reopens_n_times_then_gives_up",
