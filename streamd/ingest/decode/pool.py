@@ -33,13 +33,26 @@ class SurfacePool:
     ``acquire`` returns a free buffer of the wanted size (allocating up to the limit, replacing buffers of an
     old size), or waits up to ``timeout_s`` for a release and then returns None (the caller drops and counts
     the picture: consumers hold every buffer). Thread-safe: consumers release from their own threads.
+
+    A burst (start-up, the engine stalled for a moment) grows the pool, and free buffers are reused oldest
+    first, so every one of them stays in rotation: without a limit the pool would keep its high-water mark
+    for the life of the stream. Every ``TRIM_WINDOW_S`` it frees the free buffers beyond the most it held at
+    once over the last two windows plus ``TRIM_SPARE`` (a rare cuMemFree, never on a held buffer).
     """
 
-    def __init__(self, gpu: Any, max_slots: int = 32) -> None:
+    TRIM_WINDOW_S = 30.0
+    TRIM_SPARE = 2
+
+    def __init__(self, gpu: Any, max_slots: int = 32, clock: Any = time.monotonic) -> None:
         if max_slots < 2:
             raise ValueError(f"surface pool: max_slots must be >= 2, got {max_slots}")
         self._gpu = gpu
         self.max_slots = max_slots
+        self._clock = clock
+        self._window_start = clock()
+        self._peak = 0  # most buffers held at once in this window
+        self._prev_peak = 0  # ... in the one before
+        self.trimmed = 0  # buffers freed because the pool had more than it needed
         self._cond = threading.Condition()
         self._free: list[_Slot] = []
         self._count = 0  # slots in existence (free + held)
@@ -78,6 +91,7 @@ class SurfacePool:
                 if left <= 0:
                     return None
                 self._cond.wait(left)
+            self._peak = max(self._peak, self._count - len(self._free))
         if slot is None:
             try:
                 slot = _Slot(self._gpu, width, height, pitch)
@@ -103,6 +117,18 @@ class SurfacePool:
                 return
             self._free.append(slot)
             self._cond.notify()
+            if self._clock() - self._window_start >= self.TRIM_WINDOW_S:
+                self._trim()
+
+    def _trim(self) -> None:
+        """Free what the last two windows did not need (caller holds the lock); start a new window."""
+        keep = max(self._peak, self._prev_peak) + self.TRIM_SPARE
+        while self._count > keep and self._free:
+            self._destroy(self._free.pop(0))  # the oldest released: its reader finished long ago
+            self._count -= 1
+            self.trimmed += 1
+        self._prev_peak, self._peak = self._peak, self._count - len(self._free)
+        self._window_start = self._clock()
 
     def _maybe_empty(self) -> None:
         if self._count == 0 and self._on_empty is not None:
