@@ -46,8 +46,9 @@ install() {
     for t in .whl-live/*.tar.xz; do [[ -f "$t" && ! -d /tmp/site/PyNvVideoCodec ]] && tar xJf "$t" -C /tmp/site; done
     if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson ]]; then  # orjson (cp312, 130 kB)
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-live/*.whl \
-            >>"$RES/pip.txt" 2>&1
+            >>"$RES/pip.txt" 2>&1 || say "orjson install failed: lines through stdlib json"
     fi
+    python3 -c "import orjson" 2>/dev/null || say "no orjson: the JSON lines go through stdlib json"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$RES/gpu.txt"
 }
 
@@ -176,6 +177,7 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; â
     (which nvidia-cuda-mps-control && nvidia-smi -q | grep -i "compute mode") >>"$RES/summary.txt" 2>&1
     IFS=';' read -ra rows <<<"${ROWS:-}"
     for row in "${rows[@]}"; do
+        [[ -z "${row// }" ]] && continue  # a trailing "; "
         set -- $row
         name="$1"; n="$2"; shift 2
         mps=""; [[ "$name" == mps:* ]] && { mps=1; name="${name#mps:}"; }
@@ -198,7 +200,8 @@ gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one w
     # limit of a worker (RESULTS "Live density with real-size detectors": 1 ms of host CPU per frame at 24-30
     # cameras, 7 ms at 112). Carry .whl-live, .whl-spy (py-spy wheel) and the clip (no zoo needed).
     install
-    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1 \
+        || { say "py-spy install failed"; exit 2; }
     for n in ${GIL_N:-24 56}; do
         python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
 config_text; print(config_text(Path('$CLIP'), $n, Path('/tmp/gil-$n.jsonl'), batch=16, workers='1', engine='${GIL_ENGINE:-torch}', \
@@ -210,7 +213,7 @@ extra='  spare_worker: false\n'))" >"/tmp/gil-$n.yaml"
             -o "$RES/gil-$n.txt" --pid "$pid" >"$RES/gil-$n-spy.log" 2>&1
         /tmp/spy/bin/py-spy record --subprocesses --nonblocking -r 100 -d 10 -f raw -o "$RES/all-$n.txt" \
             --pid "$pid" >>"$RES/gil-$n-spy.log" 2>&1
-        kill -INT "$pid"; wait "$pid"
+        kill -INT "$pid"; timeout 30 tail --pid="$pid" -f /dev/null || kill -9 "$pid"; wait "$pid"
         say "gil $n: $(grep -h 'done:' "$RES/gil-$n-daemon.log" | tail -1 | cut -c1-200)"
         python3 - "$RES/gil-$n.txt" <<'PY' | tee -a "$RES/summary.txt"
 import collections, re, sys

@@ -32,11 +32,11 @@ WORKER_BASE_MB = 1550.0
 # 56 cameras per worker).
 CAMERA_MB_1080P = 60.0
 # Engine activations + CUDA graph pools per image of the batch, per megapixel of model input, fp16, as a line
-# in the model's fp32 weight size (the ONNX file): bigger models have wider activations. Fitted to the engine
-# peaks of bench_engines (YOLOv8s 2,506 MB, RT-DETR-l 7,238 MB at batch 64; NanoDet 416² ≈ 330 MB at batch 32)
-# and the live rows' batch-to-batch differences: ≈ 130 MB/Mpix for YOLOv8s (43 MB of weights), ≈ 250 for
-# RT-DETR-l (130 MB); NanoDet (15 MB) gets ≈ 90 (measured ≈ 60: the estimate errs on the large side). fp32
-# doubles it.
+# in the model's fp32 weight size (the ONNX file): bigger models have wider activations. Fitted to the live
+# rows' batch-to-batch differences (≈ 130 MB/Mpix for YOLOv8s, 43 MB of weights; ≈ 250 for RT-DETR-l, 124 MB)
+# and checked against bench_engines' engine peaks at batch 64: +37 % for YOLOv8s (3,437 vs 2,506 MB),
+# −11 % for RT-DETR-l (6,441 vs 7,238); NanoDet (15 MB) at batch 32: 500 vs ≈ 330 MB (the estimate errs
+# large). fp32 doubles it.
 ACTIVATION_MB_PER_MPIX = 70.0
 ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).

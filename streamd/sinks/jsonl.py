@@ -168,9 +168,10 @@ class JsonlFileSink(_StreamWriter):
     def _before_write(self, line: str) -> None:
         if self._reopen.is_set():
             self._do_reopen()
-        if self._regular and self._due(len(line)):
+        nbytes = len(line) if line.isascii() else len(line.encode())  # lines are UTF-8: count bytes
+        if self._regular and self._due(nbytes):
             self._rotate()
-        self._size += len(line)
+        self._size += nbytes
 
     def _idle(self) -> None:
         self._flush()

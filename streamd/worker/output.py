@@ -7,7 +7,8 @@ zone, or crossing a line).
 Analytics add optional keys to each detection: ``zones`` (names of the zones it is in), ``track_id`` and
 ``track_age``. Keys are written in a fixed order and numbers rounded as below, so a line is byte-stable for
 the same values. Lines are UTF-8 (labels are not escaped); orjson writes them, or ``json`` where orjson is
-not installed (the same values; only tiny floats are spelled differently: 0.00001 vs 1e-05).
+not installed or refuses a record (the same values; tiny floats are spelled differently, 0.00001 vs 1e-05,
+and a non-finite number, which no model output should carry, is null with orjson and NaN with json).
 """
 
 from __future__ import annotations
@@ -89,7 +90,13 @@ def event_record(frame: Frame, event: ZoneEvent | LineEvent, names: Sequence[str
 
 
 def _dumps_stdlib(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate (e.g. "\udc80" in class_names): escaped, still a line
+            text = json.dumps(record, separators=(",", ":"))
+    return text + "\n"
 
 
 try:  # orjson (a dependency): a line costs 2-4x less than with json (bench_analytics), paid per frame

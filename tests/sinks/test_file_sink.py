@@ -51,6 +51,21 @@ def test_rotation_by_size_keeps_the_newest_files_in_order(tmp_path) -> None:
     print(f"rotations={sink.rotations} kept_lines={len(frames)}")
 
 
+def test_rotation_by_size_counts_bytes_of_utf8_lines(tmp_path) -> None:
+    """Labels are written unescaped: a line of CJK labels has three bytes per character, and the size limit
+    is on the file's bytes."""
+    out = tmp_path / "u.jsonl"
+    lines = [line.replace('"demo"', '"人人人人人人人人人人"') for line in fake_lines(200)]
+    assert not lines[0].isascii()
+    sink = JsonlFileSink(out, rotate_bytes=4000, keep=50, flush_every=10)
+    sink.start()
+    for line in lines:
+        sink.submit(line, "demo")
+    sink.close()
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("u.jsonl")]
+    assert len(files) > 2 and all(p.stat().st_size <= 4000 for p in files)
+
+
 def test_rotation_by_age(tmp_path) -> None:
     out = tmp_path / "t.jsonl"
     sink = JsonlFileSink(out, rotate_interval_s=0.3, keep=2, fsync="flush")
