@@ -10,6 +10,12 @@ robin, one frame per stream per turn, so a fast stream cannot starve a slow one.
 Queue policies: ``latest`` (live sources) drops the oldest frames — counted — only when the pipeline is
 really behind (see :class:`StreamQueue`), so latency stays bounded while bursts cost nothing; ``block``
 (files read as fast as possible) makes the decoder wait, so every frame is processed.
+
+Cost per frame does not grow with the number of streams (one worker carries ~100 cameras; its Python is
+the limit): queues that hold frames wait in a FIFO (``_ready``: round robin is pop, take one, push back),
+totals are counters, and a ``put`` wakes the batching thread only when that can end its wait — the batch's
+first frame (its timeout starts), enough frames to fill it, or a frame of one of the last streams it waits
+for. Waking it at every ``put`` and scanning every queue at every wake cost O(streams) per frame.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from streamd.types import Frame
 
 
 class StreamQueue:
-    """Bounded queue of decoded frames of one stream. All queues of a batcher share its condition.
+    """Bounded queue of decoded frames of one stream, owned by a :class:`Batcher` (its lock guards it).
 
     ``block``: ``put`` waits while ``capacity`` frames are queued (files read as fast as possible).
 
@@ -45,7 +51,7 @@ class StreamQueue:
         stream_id: str,
         capacity: int,
         policy: str,
-        cond: threading.Condition,
+        owner: Batcher,
         *,
         max_lag_s: float | None = None,
         hard_limit: int | None = None,
@@ -60,7 +66,9 @@ class StreamQueue:
         self.dropped = 0
         self.closed = False
         self._frames: collections.deque[Frame] = collections.deque()
-        self._cond = cond
+        self._owner = owner
+        self._ready = False  # in the owner's FIFO of queues that hold frames
+        self._cond = owner.cond
 
     def put(self, frame: Frame, stop: threading.Event) -> bool:
         """Queue a frame; returns False if ``stop`` was set while waiting for room (``block`` policy)."""
@@ -71,10 +79,11 @@ class StreamQueue:
                 if stop.is_set():
                     return False
                 self._frames.append(frame)
+                self._owner._added(self)
             else:
                 self._frames.append(frame)
+                self._owner._added(self)
                 self._trim(time.perf_counter())
-            self._cond.notify_all()
             return True
 
     def _trim(self, now: float) -> None:
@@ -87,12 +96,14 @@ class StreamQueue:
                 return
             frames.popleft()
             self.dropped += 1
+            self._owner._pending -= 1
 
     def close(self) -> None:
         """The stream has ended: no more frames will come."""
         with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+            if not self.closed:
+                self.closed = True
+                self._owner._closed(self)
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -104,12 +115,23 @@ class Batcher:
     def __init__(self, batch_size: int, timeout_s: float) -> None:
         self.batch_size = batch_size
         self.timeout_s = timeout_s
-        self.cond = threading.Condition()
+        self.cond = threading.Condition()  # the lock of every queue; producers of ``block`` queues wait on it
+        self._wake = threading.Condition(self.cond._lock)  # type: ignore[attr-defined]  # the batching thread
         self._queues: list[StreamQueue] = []
-        self._turn = 0
+        self._ready: collections.deque[StreamQueue] = collections.deque()  # queues holding frames, in turn
+        self._pending = 0  # frames in all queues
+        self._open = 0  # queues not closed
+        self._open_block = 0  # ... of them with the block policy (a batch then fills instead of going early)
         self._last_frame: dict[int, float] = {}  # id(queue) -> monotonic time a frame was last taken from it
         self.early = 0  # batches pushed before the timeout because every active stream was in them
         self._holds = 0  # > 0: a reload is swapping streams; their queues closing is not the end
+        # What the waiting batching thread needs (set while it waits, under the lock): any frame (its batch
+        # is empty: the first starts the timeout), enough frames to fill it, or a frame of one of the active
+        # streams not in it yet (``_missing``; None while a ``block`` queue is open: no early batch then).
+        self._waiting = False
+        self._empty = False
+        self._room = 0
+        self._missing: dict[int, StreamQueue] | None = None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -122,12 +144,14 @@ class Batcher:
         finally:
             with self.cond:
                 self._holds -= 1
-                self.cond.notify_all()
+                self._wake.notify_all()
 
     def add_stream(self, stream_id: str, capacity: int, policy: str) -> StreamQueue:
         with self.cond:
-            q = StreamQueue(stream_id, capacity, policy, self.cond)
+            q = StreamQueue(stream_id, capacity, policy, self)
             self._queues.append(q)
+            self._open += 1
+            self._open_block += policy == "block"
             return q
 
     def discard(self, q: StreamQueue) -> None:
@@ -137,70 +161,115 @@ class Batcher:
             if q.closed and not q._frames and q in self._queues and len(self._queues) > 1:
                 self._queues.remove(q)
                 self._last_frame.pop(id(q), None)
-                self._turn %= len(self._queues)
+                if q._ready:
+                    self._ready.remove(q)
+                    q._ready = False
 
     @property
     def queues(self) -> Sequence[StreamQueue]:
         return tuple(self._queues)
 
-    def _take(self, batch: list[Frame], contributors: set[int], now: float) -> None:
-        """Round-robin pop into ``batch`` until full or all queues are empty; ``contributors`` collects the
-        queues that gave a frame. Caller holds the lock."""
-        n = len(self._queues)
-        progressed = True
-        while len(batch) < self.batch_size and progressed:
-            progressed = False
-            for k in range(n):
-                q = self._queues[(self._turn + k) % n]
-                if q._frames and len(batch) < self.batch_size:
-                    batch.append(q._frames.popleft())
-                    contributors.add(id(q))
-                    self._last_frame[id(q)] = now
-                    progressed = True
-            self._turn = (self._turn + 1) % max(n, 1)
-        if batch:
-            self.cond.notify_all()  # room for blocked producers
+    # -- called by the queues, under the lock --------------------------------------------------------------
+    def _added(self, q: StreamQueue) -> None:
+        """A frame went into ``q``: the batching thread wakes if that may end its wait."""
+        self._pending += 1
+        if not q._ready:
+            q._ready = True
+            self._ready.append(q)
+        if self._waiting and (
+            self._empty
+            or self._pending >= self._room
+            or (self._missing is not None and id(q) in self._missing and len(self._missing) <= self._room)
+        ):
+            self._waiting = False
+            self._wake.notify()
 
-    def _everyone_in(self, contributors: set[int], now: float) -> bool:
-        """Every stream that is currently delivering frames already has one in the batch. Files read as fast
-        as possible (``block``) always have more to give, so while one is open batches fill up instead."""
-        for q in self._queues:
-            if q.closed:
+    def _closed(self, q: StreamQueue) -> None:
+        self._open -= 1
+        self._open_block -= q.policy == "block"
+        self._wake.notify_all()  # the end of the work, or one stream fewer to wait for
+        self.cond.notify_all()
+
+    # -- the batching thread -------------------------------------------------------------------------------
+    def _take(self, batch: list[Frame], contributors: set[int], now: float) -> None:
+        """Round robin into ``batch`` until it is full or no queue holds a frame: one frame per stream per
+        turn; ``contributors`` collects the queues that gave one. Caller holds the lock."""
+        ready, room = self._ready, self.batch_size - len(batch)
+        taken = 0
+        while taken < room and ready:
+            q = ready.popleft()
+            if not q._frames:  # emptied meanwhile
+                q._ready = False
                 continue
-            if q.policy == "block":
-                return False
-            if id(q) in contributors:
-                continue
-            if now - self._last_frame.get(id(q), -1e9) < self.ACTIVE_S:
-                return False
-        return True
+            batch.append(q._frames.popleft())
+            taken += 1
+            contributors.add(id(q))
+            self._last_frame[id(q)] = now
+            if q._frames:
+                ready.append(q)
+            else:
+                q._ready = False
+        if taken:
+            self._pending -= taken
+            if self._open_block:
+                self.cond.notify_all()  # room for blocked producers
+
+    def _absent(self, contributors: set[int], now: float) -> dict[int, StreamQueue] | None:
+        """The active streams without a frame in the batch; None while a ``block`` queue is open: files read
+        as fast as possible always have more to give, so batches fill up instead of going early."""
+        if self._open_block:
+            return None
+        last = self._last_frame
+        return {
+            id(q): q
+            for q in self._queues
+            if not q.closed and id(q) not in contributors and now - last.get(id(q), -1e9) < self.ACTIVE_S
+        }
+
+    def _everyone_in(self, missing: dict[int, StreamQueue], contributors: set[int], now: float) -> bool:
+        """Every stream that is currently delivering frames already has one in the batch. ``missing`` (from
+        ``_absent``) loses the streams that gave a frame since, and — only when it has no more streams than
+        the batch has room for (else the batch fills or times out first) — those that closed or went quiet."""
+        for key in contributors.intersection(missing):
+            del missing[key]
+        if len(missing) > self.batch_size - len(contributors):
+            return False
+        for key, q in list(missing.items()):
+            if q.closed or now - self._last_frame.get(key, -1e9) >= self.ACTIVE_S:
+                del missing[key]
+        return not missing
 
     def finished(self) -> bool:
         with self.cond:
-            return not self._holds and all(q.closed and not q._frames for q in self._queues)
+            return self._done()
+
+    def _done(self) -> bool:
+        return not self._holds and not self._open and not self._pending
 
     def next_batch(self, stop: threading.Event) -> list[Frame] | None:
         """Block for the next batch; None when every stream has ended and drained, or ``stop`` is set."""
         batch: list[Frame] = []
         contributors: set[int] = set()
+        missing: dict[int, StreamQueue] | None = None
         deadline: float | None = None
         with self.cond:
-            while True:
-                now = time.monotonic()
-                self._take(batch, contributors, now)
-                if len(batch) >= self.batch_size:
-                    return batch
-                if stop.is_set():
-                    return batch or None
-                if not self._holds and all(q.closed and not q._frames for q in self._queues):
-                    return batch or None
-                if batch and self._everyone_in(contributors, now):
-                    self.early += 1
-                    return batch
-                if batch:
-                    deadline = deadline or now + self.timeout_s
-                    if now >= deadline:
-                        return batch
-                    self.cond.wait(deadline - now)
-                else:
-                    self.cond.wait(0.25)
+            try:
+                while True:
+                    now = time.monotonic()
+                    self._take(batch, contributors, now)
+                    if len(batch) >= self.batch_size or stop.is_set() or self._done():
+                        return batch or None
+                    if batch:
+                        if deadline is None:
+                            deadline = now + self.timeout_s
+                            missing = self._absent(contributors, now)
+                        if missing is not None and self._everyone_in(missing, contributors, now):
+                            self.early += 1
+                            return batch
+                        if now >= deadline:
+                            return batch
+                    self._waiting, self._empty = True, not batch
+                    self._room, self._missing = self.batch_size - len(batch), missing
+                    self._wake.wait(deadline - now if deadline is not None else 0.25)
+            finally:
+                self._waiting, self._missing = False, None

@@ -75,3 +75,85 @@ def test_block_policy_waits_and_honours_stop() -> None:
     stop.set()
     blocked.join(2)
     assert not blocked.is_alive() and done[-1] is False
+
+
+def _take_one_each(b: Batcher, queues, stop: threading.Event) -> None:
+    """Each stream delivers a frame that the batcher takes: every stream is active."""
+    for q in queues:
+        q.put(frame(q.stream_id, 0), stop)
+    assert len(b.next_batch(stop) or []) == len(queues)
+
+
+def _batch_in_thread(b: Batcher, stop: threading.Event) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append((b.next_batch(stop), time.monotonic())))
+    t.start()
+    return t, out
+
+
+def test_a_batch_goes_early_when_every_active_stream_is_in() -> None:
+    """Three cameras, batch 8, timeout 2 s: once the last of them has a frame in, the batch goes at once (the
+    frame that completes it must wake the batching thread)."""
+    b = Batcher(batch_size=8, timeout_s=2.0)
+    stop = threading.Event()
+    qs = [b.add_stream(s, 4, "latest") for s in "abc"]
+    _take_one_each(b, qs, stop)
+    qs[0].put(frame("a", 1), stop)
+    qs[1].put(frame("b", 1), stop)
+    t, out = _batch_in_thread(b, stop)
+    time.sleep(0.2)
+    assert t.is_alive()  # c has not delivered yet: the batch waits
+    sent = time.monotonic()
+    qs[2].put(frame("c", 1), stop)
+    t.join(1.0)
+    assert not t.is_alive()
+    batch, done = out[0]
+    assert sorted(f.stream_id for f in batch) == ["a", "b", "c"] and done - sent < 0.5
+    assert b.early == 2  # the warm-up batch went early too
+
+
+def test_a_quiet_stream_stops_holding_batches_back() -> None:
+    """A camera that delivered nothing for ACTIVE_S is not waited for."""
+    b = Batcher(batch_size=8, timeout_s=2.0)
+    b.ACTIVE_S = 0.3
+    stop = threading.Event()
+    qs = [b.add_stream(s, 4, "latest") for s in "abc"]
+    _take_one_each(b, qs, stop)
+    time.sleep(0.4)  # all three quiet now; a and b come back
+    for q in qs[:2]:
+        q.put(frame(q.stream_id, 1), stop)
+    t0 = time.monotonic()
+    batch = b.next_batch(stop)
+    assert batch is not None and len(batch) == 2 and time.monotonic() - t0 < 0.5
+
+
+def test_an_open_file_queue_makes_batches_fill_or_time_out() -> None:
+    """A file read as fast as possible always has more to give: no early batch while one is open."""
+    b = Batcher(batch_size=8, timeout_s=0.3)
+    stop = threading.Event()
+    live, file = b.add_stream("cam", 4, "latest"), b.add_stream("file", 4, "block")
+    _take_one_each(b, [live, file], stop)
+    live.put(frame("cam", 1), stop)
+    file.put(frame("file", 1), stop)
+    t0 = time.monotonic()
+    batch = b.next_batch(stop)
+    assert batch is not None and len(batch) == 2 and time.monotonic() - t0 >= 0.25
+
+
+def test_the_batch_fills_from_many_streams_in_turn_and_the_end_is_seen() -> None:
+    """112 cameras put one frame each in a round: batches of 16 take them in arrival order of the streams
+    (round robin), each stream once per round; closing every queue ends the batches."""
+    b = Batcher(batch_size=16, timeout_s=0.05)
+    stop = threading.Event()
+    qs = [b.add_stream(f"c{i:03d}", 4, "latest") for i in range(112)]
+    for r in range(3):
+        for q in qs:
+            q.put(frame(q.stream_id, r), stop)
+    for q in qs:
+        q.close()
+    got = []
+    while (batch := b.next_batch(stop)) is not None:
+        assert len(batch) == 16
+        got += [(f.stream_id, f.index) for f in batch]
+    assert got == [(q.stream_id, r) for r in range(3) for q in qs]
+    assert b.finished()
