@@ -9,6 +9,10 @@ path (onnxruntime, CPU decode). What is left per frame is the daemon: ingest thr
 pre- and postprocess twins, results, JSON lines, the pipe to the supervisor and the sink.
 
     python bench/bench_host.py --streams 8 24 48 --out out/host [--profile]
+    python bench/bench_host.py --engine torch --clip .assets-work/live1080.mp4 --streams 24 56 112   # GPU box
+
+With ``--engine torch`` (GPU box) the same null detector runs on the GPU path (NVDEC, the CUDA stages, the
+torch engine in CUDA graphs), so what is left per frame is that path's host cost.
 
 Each N is one ``bench/bench_live.py`` row (one `streamd run`, one worker, batch 16, no spare); ``--profile``
 adds ``py-spy record --gil`` of the worker (needs py-spy on PATH) and prints the functions that held the GIL.
@@ -145,6 +149,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--detect-fps", type=float, default=None)
     ap.add_argument("--profile", action="store_true", help="py-spy --gil of the worker during the window")
+    ap.add_argument("--engine", default="onnxruntime", help="onnxruntime (CPU path) or torch (GPU path)")
+    ap.add_argument("--workers", default="1")
     ap.add_argument("--clip", type=Path, default=CLIP)
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "host")
     args = ap.parse_args()
@@ -152,11 +158,11 @@ def main() -> int:
     model = null_detector(args.out / f"null-yolov8-{SIZE}-{args.objects}.onnx", args.objects)
     clip = small_clip(args.clip)
     cmd = [
-        sys.executable, str(ROOT / "bench" / "bench_live.py"), "--clip", str(clip), "--engine", "onnxruntime",
+        sys.executable, str(ROOT / "bench" / "bench_live.py"), "--clip", str(clip), "--engine", args.engine,
         "--model", str(model), "--input-size", str(SIZE), str(SIZE), "--model-key", "layout: yolov8",
         "--model-key", "channel_order: rgb", "--model-key", "mean: [0, 0, 0]",
         "--model-key", "std: [255, 255, 255]", "--model-key", "score_threshold: 0.3",
-        "--workers", "1", "--batch", str(args.batch), "--no-spare", "--ceiling-threads", "0",
+        "--workers", args.workers, "--batch", str(args.batch), "--no-spare", "--ceiling-threads", "0",
         "--ceiling-processes", "0", "--warmup", str(args.warmup), "--window", str(args.window),
         "--p99-ms", "100", "--out", str(args.out), "--streams",
     ]  # fmt: skip

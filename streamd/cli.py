@@ -70,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(ValueError, OSError):  # stderr may have no file descriptor (embedded, tests)
         faulthandler.enable()  # a fatal signal (the watchdog sends SIGABRT) leaves the stacks in the journal
-    previous = {s: signal.signal(s, _stop_early) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        for signum in previous:  # inside the try: a signal may arrive while the handler is being installed
+            signal.signal(signum, _stop_early)
         args = _parser().parse_args(argv)
         if args.command == "reload":  # a client of the running daemon: no config of its own
             from streamd.supervisor.control import request_reload
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return EX_SOFTWARE
     finally:  # the daemon replaced these with its own while it ran; put back what the caller had
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:  # None: a handler installed outside Python, which cannot be restored
+                signal.signal(signum, handler)
 
 
 def _print_problems(problems: list[str]) -> None:

@@ -20,9 +20,10 @@ import numpy as np
 class Frame:
     """One decoded picture of one stream.
 
-    ``image`` is a host BGR uint8 array (H, W, 3) on the CPU path; on the GPU path it is None and ``surface``
-    holds the decoder's device frame. ``index`` counts decoded frames of the stream from 0 and never goes back
-    (also across reconnects); ``pts`` is the presentation time in seconds (None when the container has none).
+    ``image`` is a host BGR uint8 array (H, W, 3) on the CPU path (None, with ``pending`` set, until the
+    frame is batched); on the GPU path it is None and ``surface`` holds the decoder's device frame. ``index``
+    counts decoded frames of the stream from 0 and never goes back (also across reconnects); ``pts`` is the
+    presentation time in seconds (None when the container has none).
     """
 
     stream_id: str
@@ -36,6 +37,9 @@ class Frame:
     t_decoded: float = 0.0  # time.perf_counter() at the same moment, for latencies
     decode_ms: float = 0.0
     t_arrival: float = 0.0  # time.perf_counter() when the demuxer received this picture's packet (0: unknown)
+    # A host picture not converted to ``image`` yet (``ingest.decode.base.HostPicture``): the stages convert
+    # it when the frame is batched (``stages.host_frames``), so a frame dropped before never costs that.
+    pending: Any = None
 
     def __post_init__(self) -> None:
         if self.image is not None and (

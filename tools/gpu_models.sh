@@ -11,6 +11,8 @@
 #                                  # (LIVE_Y="112 120", LIVE_R="30 34", LIVE_R10="90 100" override) (~9 min)
 #   ROWS="…" tools/gpu_models.sh rows   # live rows as written (see the mode), e.g. worker counts, MPS
 #   tools/gpu_models.sh gil      # py-spy --gil of one worker at GIL_N cameras (the per-worker host limit)
+#   tools/gpu_models.sh host     # bench_host.py on the GPU path: the null detector (no inference cost), one
+#                                # worker, HOST_N cameras of the 1080p clip, py-spy --gil each (~6 min)
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
@@ -233,6 +235,16 @@ for k, v in own.most_common(20):
     print(f"{v:6d} {100 * v / max(total, 1):5.1f}% self {k[:140]}")
 PY
     done
+    ;;
+host)  # a worker's own host cost per frame on the GPU path, with a detector that costs nothing (bench_host.py)
+    install
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1 \
+        || { say "py-spy install failed"; exit 2; }
+    PATH="/tmp/spy/bin:$PATH" timeout 480 python3 bench/bench_host.py --engine torch --clip "$CLIP" \
+        --streams ${HOST_N:-24 56 112} --window 15 --profile --out "$RES/host" >"$RES/host.log" 2>&1
+    say "host rc=$?"
+    for f in "$RES"/host/bench_live-*.md; do tail -1 "$f" >>"$RES/summary.txt"; done
+    grep -h -A12 "GIL holders" "$RES/host.log" >>"$RES/summary.txt"
     ;;
 memory)
     install

@@ -65,7 +65,7 @@ class DecoderSlot:
                 raise
             log.warning("stream %s: %s; decoding this stream on the CPU", self.cfg.id, exc)
             low_delay = self.options.get("low_delay", False)
-            decoder = create_decoder("cpu", info, low_delay=low_delay)
+            decoder = create_decoder("cpu", info, low_delay=low_delay, lazy=True)
         self.decoder = decoder
         self._surfaces_dropped = 0
         self.stats.decoders_created += 1

@@ -109,6 +109,8 @@ class StreamReader:
         self.nominal_fps = 0.0  # the source's own frame rate once known (0: the container states none)
         options = dict(decoder_options or {})
         options.setdefault("low_delay", cfg.is_live or cfg.realtime)
+        if decoder == "cpu":  # pictures converted when batched: none for a frame dropped or skipped before
+            options.setdefault("lazy", True)
         if decoder == "nvdec":
             options.setdefault("device", device)
             if "pool_size" in options and out.policy == "latest":
@@ -350,6 +352,7 @@ class StreamReader:
             pic.height,
             image=pic.image,
             surface=pic.surface,
+            pending=pic.pending,
             wall_time=time.time(),
             t_decoded=now,
             decode_ms=decode_ms,
@@ -372,7 +375,7 @@ class StreamReader:
             self.stats.skipped += 1
             if frame.surface is not None and hasattr(frame.surface, "release"):
                 frame.surface.release()  # nothing will read it
-            frame.surface = frame.image = None
+            frame.surface = frame.image = frame.pending = None
             outputs = analytics.skip(frame)
             if outputs and self.on_lines is not None:
                 self.on_lines(outputs)

@@ -10,6 +10,7 @@ import numpy as np
 
 from streamd.engines.base import Engine
 from streamd.stages.contract import Slot
+from streamd.stages.host_frames import HostFrames
 from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
 from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 from streamd.types import Detections
@@ -32,6 +33,7 @@ class CpuStages:
         self._pre = CpuPreprocessor(pre)
         self._post = CpuPostprocessor(post)
         self._input_shape = (engine.max_batch, 3, pre.height, pre.width)
+        self._host = HostFrames()
 
     def new_slot(self, index: int) -> Slot:
         return Slot(index, buffers=_CpuBuffers(np.empty(self._input_shape, np.float32)))
@@ -39,6 +41,7 @@ class CpuStages:
     def preprocess(self, slot: Slot) -> None:
         t = time.perf_counter()
         buf: _CpuBuffers = slot.buffers  # type: ignore[assignment]
+        self._host.convert_pending(slot.frames)
         slot.transforms = [self._pre(f.image, buf.input[i]) for i, f in enumerate(slot.frames)]  # type: ignore[arg-type]
         slot.stage_ms["preprocess"] = (time.perf_counter() - t) * 1e3
 
@@ -63,4 +66,5 @@ class CpuStages:
         ]
 
     def close(self) -> None:
+        self._host.close()
         self.engine.close()

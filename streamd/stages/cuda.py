@@ -33,6 +33,7 @@ from streamd.engines.base import Engine
 from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod
 from streamd.gpu.kernels import KernelLoader
 from streamd.stages.contract import Slot
+from streamd.stages.host_frames import HostFrames
 from streamd.stages.postprocess.cpu import PostprocessSpec
 from streamd.stages.postprocess.cuda import GpuPostprocessor, HostNmsResults, NmsResults
 from streamd.stages.preprocess.cuda import GpuPreprocessor
@@ -111,6 +112,7 @@ class GpuStages:
         self._buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
         self._warm = warm_batch > 0
         self._packers: ThreadPoolExecutor | None = None  # started by the first large batch of host frames
+        self._host = HostFrames()  # CPU-decoded pictures get their pixels when batched
 
     def new_slot(self, index: int) -> Slot:
         b = self.max_batch
@@ -152,6 +154,7 @@ class GpuStages:
 
     def _stage_surfaces(self, slot: Slot, buf: _GpuBuffers) -> list[Surface]:
         surfaces: list[Surface] = []
+        self._host.convert_pending(slot.frames)
         host_bytes = sum(f.width * f.height * 3 for f in slot.frames if f.surface is None)
         if host_bytes:
             staging, pinned = self._staging(buf, host_bytes)
@@ -234,6 +237,7 @@ class GpuStages:
     def close(self) -> None:
         if self._packers is not None:
             self._packers.shutdown()
+        self._host.close()
         streams = (self.s1, *self.s2_lanes, self.s3)
         for s in streams:
             s.synchronize()

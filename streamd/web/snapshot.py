@@ -88,7 +88,8 @@ class LatestFrames:
     def capture(self, frame: Frame) -> None:
         """Ingest thread, just before the frame is queued: a GPU frame of a stream someone is waiting for is
         copied to the host now (one frame per request); everything else returns at once."""
-        if frame.image is not None or self._to_host is None or frame.stream_id not in self._wanted:
+        host = frame.image is not None or frame.pending is not None  # its result brings its pixels
+        if host or self._to_host is None or frame.stream_id not in self._wanted:
             return
         pending = self._captured.get(frame.stream_id)
         if pending is not None and frame.index - pending[0] < _STALE_FRAMES:

@@ -30,9 +30,10 @@ class DecodeError(RuntimeError):
 class DecodedPicture:
     """One decoded picture.
 
-    CPU decoder: ``image`` is a host BGR uint8 array (H, W, 3). NVDEC: ``surface`` is an
-    :class:`~.nvdec.Nv12Lease` in device memory and ``image`` is None. ``pts`` in seconds.
-    ``luma`` is the host Y plane (H, W) uint8, filled only by ``CpuDecoder(keep_luma=True)`` (tests).
+    CPU decoder: ``image`` is a host BGR uint8 array (H, W, 3), or, from ``CpuDecoder(lazy=True)``, None
+    with ``pending`` set: a :class:`HostPicture` converted to BGR only when a consumer needs the pixels.
+    NVDEC: ``surface`` is an :class:`~.nvdec.Nv12Lease` in device memory and ``image`` is None. ``pts`` in
+    seconds. ``luma`` is the host Y plane (H, W) uint8, filled only by ``CpuDecoder(keep_luma=True)`` (tests).
     """
 
     pts: float | None
@@ -41,6 +42,15 @@ class DecodedPicture:
     image: np.ndarray | None = None
     surface: Any = None
     luma: np.ndarray | None = None
+    pending: HostPicture | None = None
+
+
+class HostPicture(Protocol):
+    """A decoded host picture not converted yet (``DecodedPicture.pending``, ``Frame.pending``)."""
+
+    def bgr(self) -> np.ndarray:
+        """The picture as BGR uint8 (H, W, 3), converted now."""
+        ...
 
 
 class DecoderFull(DecodeError):

@@ -4,6 +4,11 @@
 GPU preprocess kernel's arithmetic (``stages.preprocess.colour``: the matrix and range the stream signals,
 chroma of the 2 x 2 block, rounded once to 8 bits), so the CPU and GPU paths see the same pictures; other
 formats go through FFmpeg's converter.
+
+``lazy=True`` (the daemon's stream threads): pictures leave as ``DecodedPicture.pending`` and are converted
+only when a batch needs their pixels (``streamd.stages.host_frames``). The conversion costs several times
+the decode of a small picture and holds the GIL for much of it; a frame that its queue drops (the pipeline
+behind) or that ``detect_fps`` skips is then never converted (bench/bench_host.py).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class CpuDecoder:
         low_delay: bool = False,
         keep_luma: bool = False,
         keep_corrupt: bool = False,
+        lazy: bool = False,
     ) -> None:
         try:
             # A video decoding context; PyAV's stubs type create() as the base class, without decode().
@@ -65,6 +71,7 @@ class CpuDecoder:
         self._time_base = info.time_base
         self._keep_luma = keep_luma
         self._keep_corrupt = keep_corrupt
+        self._lazy = lazy
         self.skipped = 0  # corrupt pictures decoded but not returned, damaged pictures lost
         self._frame_threads = not low_delay  # thread_type AUTO: errors surface late (class docstring)
         self._held: av.Packet | None = None  # a damaged packet not yet sent (class docstring)
@@ -81,25 +88,14 @@ class CpuDecoder:
                 plane = f.planes[0]
                 rows = np.frombuffer(memoryview(plane), np.uint8).reshape(-1, plane.line_size)
                 luma = rows[: f.height, : f.width].copy()
-            out.append(DecodedPicture(pts, f.width, f.height, image=self._bgr(f), luma=luma))
+            picture = _Picture(f, *signalled(
+                int(f.colorspace), int(f.color_range), self.info.color_matrix, self.info.full_range
+            ))  # fmt: skip
+            if self._lazy:
+                out.append(DecodedPicture(pts, f.width, f.height, luma=luma, pending=picture))
+            else:
+                out.append(DecodedPicture(pts, f.width, f.height, image=picture.bgr(), luma=luma))
         return out
-
-    def _bgr(self, f: av.VideoFrame) -> np.ndarray:
-        """The picture as BGR uint8, converted as the GPU kernel converts (module docstring)."""
-        fmt = f.format.name
-        if fmt not in _YUV420:
-            return f.to_ndarray(format="bgr24")
-        w, h = f.width, f.height
-        cw, ch = (w + 1) // 2, (h + 1) // 2
-        matrix, full = signalled(
-            int(f.colorspace), int(f.color_range), self.info.color_matrix, self.info.full_range
-        )
-        if fmt == "nv12":
-            uv = _plane(f, 1, 2 * cw, ch)
-            u, v = np.ascontiguousarray(uv[:, 0::2]), np.ascontiguousarray(uv[:, 1::2])
-        else:
-            u, v = _plane(f, 1, cw, ch), _plane(f, 2, cw, ch)
-        return yuv420_to_bgr(_plane(f, 0, w, h), u, v, matrix, full or fmt == "yuvj420p")
 
     def _send(self, pkt: av.Packet) -> list[DecodedPicture]:
         try:
@@ -156,6 +152,31 @@ class CpuDecoder:
 
 
 _YUV420 = ("yuv420p", "yuvj420p", "nv12")
+
+
+class _Picture:
+    """A decoded picture and the matrix/range it signalled, converted to BGR on request (``HostPicture``).
+    Holding the FFmpeg frame keeps its planes: the decoder writes later pictures into other buffers."""
+
+    __slots__ = ("frame", "full", "matrix")
+
+    def __init__(self, frame: av.VideoFrame, matrix: str, full: bool) -> None:
+        self.frame, self.matrix, self.full = frame, matrix, full
+
+    def bgr(self) -> np.ndarray:
+        """The picture as BGR uint8, converted as the GPU kernel converts (module docstring)."""
+        f = self.frame
+        fmt = f.format.name
+        if fmt not in _YUV420:
+            return f.to_ndarray(format="bgr24")
+        w, h = f.width, f.height
+        cw, ch = (w + 1) // 2, (h + 1) // 2
+        if fmt == "nv12":
+            uv = _plane(f, 1, 2 * cw, ch)
+            u, v = np.ascontiguousarray(uv[:, 0::2]), np.ascontiguousarray(uv[:, 1::2])
+        else:
+            u, v = _plane(f, 1, cw, ch), _plane(f, 2, cw, ch)
+        return yuv420_to_bgr(_plane(f, 0, w, h), u, v, self.matrix, self.full or fmt == "yuvj420p")
 
 
 def _plane(f: av.VideoFrame, index: int, width: int, height: int) -> np.ndarray:
