@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EX_SOFTWARE
     finally:  # the daemon replaced these with its own while it ran; put back what the caller had
-        for signum, handler in previous.items():
-            if handler is not None:  # None: a handler installed outside Python, which cannot be restored
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():  # None: installed outside Python; the default instead
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _print_problems(problems: list[str]) -> None:

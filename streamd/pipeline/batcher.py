@@ -14,8 +14,10 @@ really behind (see :class:`StreamQueue`), so latency stays bounded while bursts 
 Cost per frame does not grow with the number of streams (one worker carries ~100 cameras; its Python is
 the limit): queues that hold frames wait in a FIFO (``_ready``: round robin is pop, take one, push back),
 totals are counters, and a ``put`` wakes the batching thread only when that can end its wait — the batch's
-first frame (its timeout starts), enough frames to fill it, or a frame of one of the last streams it waits
-for. Waking it at every ``put`` and scanning every queue at every wake cost O(streams) per frame.
+first frame (its timeout starts), enough frames to fill it, a frame that fills a ``block`` queue (its
+producer then waits for room), or a frame of one of the last streams it waits for. Waking it at every ``put``
+and scanning every queue at every wake cost O(streams) per frame. A stream that goes quiet while a batch
+waits does not wake it: that batch goes at its timeout.
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ class Batcher:
         if self._waiting and (
             self._empty
             or self._pending >= self._room
+            or (q.policy == "block" and len(q._frames) >= q.capacity)  # its producer now waits for room
             or (self._missing is not None and id(q) in self._missing and len(self._missing) <= self._room)
         ):
             self._waiting = False
@@ -187,6 +190,8 @@ class Batcher:
     def _closed(self, q: StreamQueue) -> None:
         self._open -= 1
         self._open_block -= q.policy == "block"
+        if self._missing is not None:  # not waited for any more (else a batch could wait out its timeout)
+            self._missing.pop(id(q), None)
         self._wake.notify_all()  # the end of the work, or one stream fewer to wait for
         self.cond.notify_all()
 

@@ -9,16 +9,21 @@ pipeline was behind, or one ``detect_fps`` skipped, is never converted. Both sta
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from streamd.types import Frame
 
-# A batch of large pictures converts in a few threads (OpenCV and numpy release the GIL for most of it);
-# small ones are not worth waking threads for.
+log = logging.getLogger(__name__)
+
+# A batch converts in a few threads (OpenCV and numpy release the GIL for most of it) once it holds about
+# three VGA pictures; fewer are not worth waking threads for.
 THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2))
-PARALLEL_PIXELS = 4 * 1920 * 1080
+PARALLEL_PIXELS = 1_000_000
 
 
 class HostFrames:
@@ -35,9 +40,9 @@ class HostFrames:
         if self._threads > 1 and len(todo) > 1 and sum(f.width * f.height for f in todo) >= PARALLEL_PIXELS:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="convert")
-            images = list(self._pool.map(lambda f: f.pending.bgr(), todo))
+            images = list(self._pool.map(_convert, todo))
         else:
-            images = [f.pending.bgr() for f in todo]
+            images = [_convert(f) for f in todo]
         for f, image in zip(todo, images, strict=True):
             f.image, f.pending = image, None
 
@@ -45,3 +50,16 @@ class HostFrames:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _convert(frame: Frame) -> np.ndarray:
+    """The frame's pixels; a picture that cannot be converted (FFmpeg refuses its format) must not stop the
+    worker's other streams: the frame is detected on a black picture, with a warning."""
+    try:
+        return frame.pending.bgr()
+    except Exception as exc:
+        log.warning(
+            "stream %s: frame %d could not be converted to BGR (%s: %s); detected on a black picture",
+            frame.stream_id, frame.index, type(exc).__name__, exc,
+        )  # fmt: skip
+        return np.zeros((frame.height, frame.width, 3), np.uint8)

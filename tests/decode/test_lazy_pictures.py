@@ -80,3 +80,19 @@ def test_a_large_batch_converts_in_threads_to_the_same_images(monkeypatch) -> No
     assert host._pool is not None  # the threaded path ran
     host.close()
     assert all(np.array_equal(f.image, e.image) for f, e in zip(frames, eager, strict=True))
+
+
+class Broken:
+    def bgr(self) -> np.ndarray:
+        raise ValueError("unsupported pixel format")
+
+
+def test_a_picture_that_cannot_be_converted_costs_its_frame_only(caplog) -> None:
+    """Converting lazily moves FFmpeg's refusal into the pipeline thread: it must not stop the batch."""
+    lazy = decode(CLIP, 2, lazy=True)
+    good = Frame("a", 0, 0.0, lazy[0].width, lazy[0].height, pending=lazy[0].pending)
+    bad = Frame("b", 7, 0.0, 64, 48, pending=Broken())
+    HostFrames(threads=1).convert_pending([good, bad])
+    assert good.image is not None and good.image.any()
+    assert bad.image is not None and bad.image.shape == (48, 64, 3) and not bad.image.any()
+    assert "stream b: frame 7 could not be converted" in caplog.text

@@ -157,3 +157,47 @@ def test_the_batch_fills_from_many_streams_in_turn_and_the_end_is_seen() -> None
         got += [(f.stream_id, f.index) for f in batch]
     assert got == [(q.stream_id, r) for r in range(3) for q in qs]
     assert b.finished()
+
+
+def test_a_file_read_as_fast_as_possible_fills_whole_batches() -> None:
+    """One file (capacity 2) and batch 8: its producer waits for room at 2 frames, so the frame that fills its
+    queue must wake the batching thread; else every batch waits out its timeout with 2-4 frames."""
+    b = Batcher(batch_size=8, timeout_s=0.5)
+    stop = threading.Event()
+    q = b.add_stream("file", 2, "block")
+
+    def produce() -> None:
+        for i in range(64):
+            q.put(frame("file", i), stop)
+        q.close()
+
+    threading.Thread(target=produce, daemon=True).start()
+    t0 = time.monotonic()
+    sizes = []
+    while (batch := b.next_batch(stop)) is not None:
+        sizes.append(len(batch))
+    assert sizes == [8] * 8 and time.monotonic() - t0 < 2.0
+
+
+def test_streams_that_close_while_a_batch_waits_are_not_waited_for() -> None:
+    """Five cameras, batch 4: the batch holds a's frame and waits for b-e; c, d, e end; b's frame then
+    completes it at once (not at the 2 s timeout)."""
+    b = Batcher(batch_size=4, timeout_s=0.05)
+    stop = threading.Event()
+    qs = {s: b.add_stream(s, 4, "latest") for s in "abcde"}
+    for q in qs.values():
+        q.put(frame(q.stream_id, 0), stop)
+    while sum(len(q) for q in qs.values()):
+        b.next_batch(stop)
+    b.timeout_s = 2.0
+    qs["a"].put(frame("a", 1), stop)
+    t, out = _batch_in_thread(b, stop)
+    time.sleep(0.2)
+    for s in "cde":
+        qs[s].close()
+    time.sleep(0.1)
+    sent = time.monotonic()
+    qs["b"].put(frame("b", 1), stop)
+    t.join(3)
+    batch, done = out[0]
+    assert sorted(f.stream_id for f in batch) == ["a", "b"] and done - sent < 0.5
