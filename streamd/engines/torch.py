@@ -353,6 +353,22 @@ class TorchEngine:
         stream.synchronize()
         return out.numpy()
 
+    def release_unused(self) -> int:
+        """Once start-up is over (the start-up check, every slot's warm-up and capture): drop ``infer``'s
+        max-batch staging buffers and give the caching allocator's free blocks (eager warm-up activations,
+        cuDNN autotuning workspaces) back to the driver. The model and the CUDA graph pools stay; a later
+        ``infer`` or new capture allocates again. Returns the bytes given back."""
+        if not self.on_device or self._closed:
+            return 0
+        torch = self._torch
+        with self._lock, torch.cuda.device(self.device):
+            if self._staging is not None:
+                self._staging[2].synchronize()
+                self._staging = None
+            before = torch.cuda.memory_reserved(self.device)
+            torch.cuda.empty_cache()
+            return max(0, before - torch.cuda.memory_reserved(self.device))
+
     def close(self) -> None:
         if self._closed:
             return

@@ -40,4 +40,9 @@ class Stages(Protocol):
         undone, clipped to each frame), one per frame."""
         ...
 
+    def warmed(self) -> None:
+        """Every slot exists and every batch size has run once: start-up is over (GPU stages give back the
+        memory only start-up needed)."""
+        ...
+
     def close(self) -> None: ...

@@ -65,6 +65,9 @@ class CpuStages:
             for f, t, d in zip(slot.frames, slot.transforms, buf.detections, strict=True)
         ]
 
+    def warmed(self) -> None:
+        """Nothing to give back on the CPU."""
+
     def close(self) -> None:
         self._host.close()
         self.engine.close()

@@ -22,6 +22,7 @@ synchronously in the S1 thread (~0.25 ms per 768x576 frame), which capped the wh
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from streamd.stages.preprocess.cuda import GpuPreprocessor
 from streamd.stages.preprocess.spec import PreprocessSpec
 from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
 
+log = logging.getLogger(__name__)
 _DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 # Memcpy threads for host frames: packing a large batch (tens of MB) on one or a few cores makes S1 the ring's
 # slowest stage, so half the cores pack, at most 8 (bench/RESULTS.md).
@@ -233,6 +235,16 @@ class GpuStages:
         )
         frames = slot.frames
         return buf.host.source_detections(slot.transforms, [(f.width, f.height) for f in frames])
+
+    def warmed(self) -> None:
+        """The engine gives back what only start-up used (torch: the start-up check's staging buffers and the
+        caching allocator's free blocks left by eager warm-ups; CUDA graph pools stay). Set
+        STREAMD_KEEP_ALLOCATOR_CACHE=1 to keep them (bench/bench_memory.py's before/after)."""
+        release = getattr(self.engine, "release_unused", None)
+        if release is None or os.environ.get("STREAMD_KEEP_ALLOCATOR_CACHE") == "1":
+            return
+        freed = release()
+        log.info("engine: %.0f MB of GPU memory that only start-up used given back", freed / 2**20)
 
     def close(self) -> None:
         if self._packers is not None:

@@ -188,6 +188,7 @@ class Pipeline:
         self.batcher = Batcher(cfg.pipeline.batch_size, cfg.pipeline.batch_timeout_ms / 1e3)
         self._add_streams()
         self.scheduler = Scheduler(self.batcher, self.stages, self._on_results, cfg.pipeline.ring_slots)
+        self.stages.warmed()  # the slots are made (and warmed): start-up's own memory goes back
 
     def adopt(self, streams: Sequence[StreamConfig], resume: dict[str, Resume]) -> None:
         """A spare worker (built, no streams) takes over the streams of a worker that died; before start()."""

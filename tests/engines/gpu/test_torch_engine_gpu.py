@@ -331,3 +331,39 @@ def test_rtdetr_is_captured_in_cuda_graphs(frames, caplog):
     assert sum(len(lane.graphs) for lane in graphed._lanes) >= 2  # both batch sizes captured
     eager.close()
     graphed.close()
+
+
+def test_start_up_memory_goes_back_and_the_graphs_still_replay(frames):
+    """``release_unused`` (called once start-up is over) frees the start-up check's staging buffers and the
+    allocator's free blocks; the CUDA graphs captured before replay unchanged, without a new capture."""
+    from streamd.engines.torch import TorchEngine
+
+    engine = TorchEngine(
+        MODEL, EngineOptions(max_batch=MAX_BATCH, precision="fp16", device=0, cuda_graphs=True)
+    )
+    host = engine.infer(frames[:MAX_BATCH])  # the start-up check's path: max-batch staging buffers
+    stream = torch.cuda.Stream()
+    slot_in = torch.empty((MAX_BATCH, *engine.input_shape), dtype=torch.float32, device="cuda")
+    slot_out = torch.empty((MAX_BATCH, *engine.output_shape[1:]), dtype=torch.float32, device="cuda")
+
+    def run(n: int) -> np.ndarray:
+        with torch.cuda.stream(stream):
+            slot_in[:n].copy_(torch.from_numpy(frames[:n]))
+            slot_out.zero_()
+            engine.enqueue(slot_in.data_ptr(), slot_out.data_ptr(), n, Stream.borrow(stream.cuda_stream))
+        stream.synchronize()
+        return slot_out[:n].cpu().numpy()
+
+    before = {n: run(n) for n in (4, 8)}  # each: an eager warm-up, then its capture
+    captured = engine.graph_counts()[0]
+    reserved = torch.cuda.memory_reserved()
+    freed = engine.release_unused()
+    print(f"released {freed / 2**20:.0f} MB of {reserved / 2**20:.0f} MB reserved")
+    assert freed > 0 and engine._staging is None
+    assert torch.cuda.memory_reserved() <= reserved - freed
+    after = {n: run(n) for n in (4, 8)}
+    assert engine.graph_counts()[0] == captured  # replays, not new captures
+    for n in (4, 8):
+        np.testing.assert_array_equal(before[n], after[n])
+    np.testing.assert_allclose(engine.infer(frames[:MAX_BATCH]), host, rtol=1e-3, atol=1e-3)  # staging again
+    engine.close()
