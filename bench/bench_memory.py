@@ -25,7 +25,9 @@ daemon (UPPER_CASE=value) or a config key (``section.key=value``, YAML value):
 - ``small-pool``: pipeline.frame_queue=1 (the NVDEC surface pool per stream is frame_queue + 2 x batch + 4);
 - ``batch16``: pipeline.batch_size=16 (smaller surface pools, activations and graph pools);
 - ``no-spare``: pipeline.spare_worker=false (the spare holds a whole engine);
-- ``lean``: expandable + cudnn-ws together.
+- ``lean``: expandable + cudnn-ws together;
+- ``keep-cache``: STREAMD_KEEP_ALLOCATOR_CACHE=1, the worker as before it gave start-up's memory back
+  (``Stages.warmed``: the start-up check's staging buffers, the allocator's free blocks): baseline's "before".
 ``--variant 'NAME:K=V,K=V'`` adds one. ``--nvidia-smi PATH`` replaces the tool (tests pass a shim).
 Results: DIR/bench_memory.md and DIR/bench_memory.json. A run that fails is an error row; the rest goes on.
 """
@@ -65,6 +67,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "CUDNN_CONV_WSCAP_DBG": "256",
         "CUBLAS_WORKSPACE_CONFIG": ":4096:2",
     },
+    "keep-cache": {"STREAMD_KEEP_ALLOCATOR_CACHE": "1"},
 }
 
 

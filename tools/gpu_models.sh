@@ -13,7 +13,8 @@
 #   tools/gpu_models.sh gil      # py-spy --gil of one worker at GIL_N cameras (the per-worker host limit)
 #   tools/gpu_models.sh host     # bench_host.py on the GPU path: the null detector (no inference cost), one
 #                                # worker, HOST_N cameras of the 1080p clip, py-spy --gil each (~6 min)
-#   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (baseline, lean) and YOLOv8s (baseline) at
+#   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (keep-cache = before, baseline = after the start-up
+#                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
 # Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
@@ -251,7 +252,7 @@ memory)
     build yolov8s
     y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1)
     timeout 330 python3 bench/bench_memory.py --clip "$CLIP" --streams ${MEM_N:-16 64 120} \
-        --variants baseline lean --warmup 10 --window 10 --out "$RES/nanodet" >"$RES/nanodet.log" 2>&1
+        --variants ${MEM_VARIANTS:-keep-cache baseline} --warmup 10 --window 10 --out "$RES/nanodet" >"$RES/nanodet.log" 2>&1
     say "nanodet rc=$?"; cat "$RES/nanodet/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
     timeout 200 python3 bench/bench_memory.py --clip "$CLIP" --model "$y" --input-size 640 640 \
         --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
