@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,29 @@ MODEL = ROOT / "models" / "nanodet-coco.onnx"
 CLIP = ROOT / "samples" / "vtest.mp4"
 CLIP_HEVC = ROOT / "samples" / "vtest-hevc.mp4"
 SCHEMA = ROOT / "streamd" / "data" / "result.schema.json"
+SHORT_FRAMES = 200  # pictures of the ``short_clip`` fixture
+
+
+@pytest.fixture(scope="session")
+def short_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first SHORT_FRAMES pictures of samples/vtest.mp4, re-encoded at its 10 fps (H.264 with B-frames):
+    for tests of completeness and order that need no particular frame; a run of the whole clip costs about a
+    minute of CPU inference on the CI machine."""
+    import av
+
+    path = tmp_path_factory.mktemp("clips") / "vtest-short.mp4"
+    with av.open(str(CLIP)) as src, av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 768, 576, "yuv420p"
+        stream.options = {"bf": "2", "g": "50", "preset": "veryfast", "crf": "23"}
+        for k, frame in enumerate(src.decode(video=0)):
+            if k == SHORT_FRAMES:
+                break
+            picture = frame.reformat(format="yuv420p")
+            picture.pts, picture.time_base = k, Fraction(1, 10)
+            out.mux(stream.encode(picture))
+        out.mux(stream.encode())
+    return path
 
 
 def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

@@ -40,14 +40,14 @@ def test_demo_prints_one_valid_line_per_frame(demo_run) -> None:
     assert pts == sorted(pts) and pts[1] - pts[0] == pytest.approx(0.1, abs=1e-3)  # 10 fps clip
 
 
-def test_two_streams_h264_and_hevc_complete_and_ordered(tmp_path, assets) -> None:
+def test_two_streams_h264_and_hevc_complete_and_ordered(tmp_path, assets, short_clip) -> None:
     out = tmp_path / "two.jsonl"
     cfg = tmp_path / "two.yaml"
-    write_config(cfg, f"  - id: h264\n    url: {CLIP}\n  - id: hevc\n    url: {CLIP_HEVC}", out)
+    write_config(cfg, f"  - id: h264\n    url: {short_clip}\n  - id: hevc\n    url: {CLIP_HEVC}", out)
     proc = run_streamd("run", str(cfg), "--no-status", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    for sid, clip in (("h264", CLIP), ("hevc", CLIP_HEVC)):
+    for sid, clip in (("h264", short_clip), ("hevc", CLIP_HEVC)):
         frames = [r["frame"] for r in records if r["stream"] == sid]
         assert frames == list(range(_frames_of(str(clip)))), sid
         assert sum(len(r["detections"]) for r in records if r["stream"] == sid) > len(frames)

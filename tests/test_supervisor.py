@@ -20,7 +20,7 @@ import pytest
 from streamd.config import parse_config
 from streamd.protocol import StartFailed
 from streamd.supervisor.lifecycle import plan_workers
-from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
+from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT, SHORT_FRAMES
 from tests.test_reference_detections import NANODET_MODEL
 
 
@@ -112,13 +112,14 @@ def _lines(path) -> dict[str, list[dict]]:
     return out
 
 
-def test_streams_over_two_workers_complete_and_ordered(tmp_path, assets) -> None:
+def test_streams_over_two_workers_complete_and_ordered(tmp_path, assets, short_clip) -> None:
     out = tmp_path / "out.jsonl"
     cfg = tmp_path / "two.yaml"
     cfg.write_text(
-        f"streams:\n  - id: h264\n    url: {CLIP}\n  - id: hevc\n    url: {CLIP_HEVC}\n"
+        f"streams:\n  - id: h264\n    url: {short_clip}\n  - id: hevc\n    url: {CLIP_HEVC}\n"
         f"  - id: hevc2\n    url: {CLIP_HEVC}\n{NANODET_MODEL}"
-        f"engine:\n  threads: 1\npipeline:\n  workers: 2\nsinks:\n  - type: jsonl\n    path: {out}\n"
+        f"engine:\n  threads: 1\npipeline:\n  workers: 2\n  spare_worker: false\n"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
@@ -128,7 +129,7 @@ def test_streams_over_two_workers_complete_and_ordered(tmp_path, assets) -> None
     pids = set(re.findall(r"worker \d ready \(pid (\d+)\)", proc.stderr))
     assert len(pids) == 2, proc.stderr[-3000:]
     lines = _lines(out)
-    assert [r["frame"] for r in lines["h264"]] == list(range(795))
+    assert [r["frame"] for r in lines["h264"]] == list(range(SHORT_FRAMES))
     assert [r["frame"] for r in lines["hevc"]] == list(range(100))
     assert [r["frame"] for r in lines["hevc2"]] == list(range(100))
     assert lines["hevc"][10]["detections"] == lines["hevc2"][10]["detections"]  # same clip, same answer

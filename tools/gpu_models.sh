@@ -25,7 +25,7 @@
 #   ROWS="rtdetr-l 42 --workers 1 --batch 16 --lanes 2 --engine-img-s 1038; …"   # 1.3x RT-DETR's capacity
 #   TASKSET=0-7 ROWS="yolov8s 48 --workers 2 --batch 16 …; rtdetr-l 24 --workers 1 --batch 16 --lanes 2 …"
 # and RT-DETR's ceiling with `--variants compile` (bench_engines), never measured.
-# Carry: .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
+# Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +42,7 @@ trap 'tar czf "$OUT/$MODE.tgz" -C "$RES" . 2>/dev/null; cp "$RES/summary.txt" "$
 say() { echo "$@" | tee -a "$RES/summary.txt"; }
 
 install() {
-    if [[ ! -d /tmp/site/ultralytics ]]; then
+    if [[ ! -d /tmp/site/ultralytics ]] && ls .whl-zoo/*.whl >/dev/null 2>&1; then  # host, gil: no zoo needed
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-zoo/*.whl \
             >"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
     fi

@@ -13,7 +13,7 @@ import pytest
 from streamd.config.sinks import MqttSinkConfig
 from streamd.exitcodes import EX_CONFIG, StartupError
 from streamd.sinks.mqtt import MqttSink
-from tests.conftest import CLIP, run_streamd
+from tests.conftest import SHORT_FRAMES, run_streamd
 from tests.sinks._helpers import Endpoint, config_with_sinks, fake_lines
 
 
@@ -58,27 +58,28 @@ def wait_for(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def test_demo_lines_reach_mqtt_and_a_webhook_in_order(tmp_path, broker, assets) -> None:
-    """One run of the demo clip (795 frames) into both network sinks."""
+def test_demo_lines_reach_mqtt_and_a_webhook_in_order(tmp_path, broker, assets, short_clip) -> None:
+    """One run of the demo clip's first SHORT_FRAMES pictures into both network sinks."""
+    n = SHORT_FRAMES
     sub = Subscriber(broker.port)
     endpoint = Endpoint()
     sinks = (
         f"  - type: mqtt\n    host: 127.0.0.1\n    port: {broker.port}\n    qos: 1\n"
         f"  - type: http\n    url: {endpoint.url}\n    batch_size: 64\n    batch_timeout_ms: 200\n"
     )
-    cfg = config_with_sinks(tmp_path / "m.yaml", sinks, clip=CLIP, stream_id="demo")
+    cfg = config_with_sinks(tmp_path / "m.yaml", sinks, clip=short_clip, stream_id="demo")
     proc = run_streamd("run", str(cfg), "--no-status", timeout=600)
     endpoint.close()
     assert proc.returncode == 0, proc.stderr[-2000:]
     sizes = [len(b) for b in endpoint.batches]
-    print(f"webhook: {len(endpoint.frames())}/795 lines in {len(sizes)} batches (largest {max(sizes)})")
-    assert endpoint.frames() == list(range(795)) and len(sizes) > 1 and max(sizes) <= 64
+    print(f"webhook: {len(endpoint.frames())}/{n} lines in {len(sizes)} batches (largest {max(sizes)})")
+    assert endpoint.frames() == list(range(n)) and len(sizes) > 1 and max(sizes) <= 64
     topic = "streamd/demo/detections"
-    assert wait_for(lambda: len(sub.frames(topic)) >= 795, 20)
+    assert wait_for(lambda: len(sub.frames(topic)) >= n, 20)
     sub.close()
     frames = sub.frames(topic)
-    print(f"received {len(frames)}/795 on {topic}")
-    assert frames == list(range(795)), "every line once, in order"
+    print(f"received {len(frames)}/{n} on {topic}")
+    assert frames == list(range(n)), "every line once, in order"
     assert sub.last("streamd/demo/status") == b"offline" and sub.last("streamd/status") == b"offline"
     assert b"online" in [p for t, p, _ in sub.messages if t == "streamd/demo/status"]
 

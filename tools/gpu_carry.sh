@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# What a GPU session carries beside the tree, made on this (PyPI-connected) machine in one go; every piece is
+# gitignored and a new checkout has none of them. The device tool carries 64 MiB with the tree (~55 MB).
+#
+#   tools/gpu_carry.sh [live] [spy] [zoo] [clip]     # default: live spy clip (zoo: only for the zoo builds)
+#
+#   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson (cp312)
+#   spy   .whl-spy/: py-spy (~3 MB), for `tools/gpu_models.sh gil|host`
+#   zoo   .whl-zoo/: tools/zoo_wheels.txt + the YOLOX sdist (~3.7 MB), for the zoo builds on the box
+#   clip  .assets-work/live1080.mp4: the bundled vtest footage at 1920x1080, 30 fps, 60 s, H.264 with
+#         B-frames (~4-5 MB), the clip of the live rows since the tenth session
+# The GPU box runs CPython 3.12 on x86_64 (manylinux_2_28); wheels are fetched for that, not for this machine.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+WANT=("${@:-live spy clip}")
+read -r -a WANT <<<"${WANT[*]}"
+PY=(--python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+    --platform manylinux2014_x86_64 --only-binary=:all: --no-deps)
+
+for what in "${WANT[@]}"; do
+    case "$what" in
+    live)
+        mkdir -p .whl .whl-live
+        python3 -m pip download -q "${PY[@]}" -d .whl PyNvVideoCodec
+        tools/slim_pynvvideocodec.sh >/dev/null
+        python3 -m pip download -q "${PY[@]}" -d .whl-live orjson
+        ;;
+    spy)
+        mkdir -p .whl-spy
+        python3 -m pip download -q "${PY[@]}" -d .whl-spy py-spy
+        ;;
+    zoo)
+        mkdir -p .whl-zoo
+        python3 -m pip download -q "${PY[@]}" -d .whl-zoo -r tools/zoo_wheels.txt
+        python3 -m pip download -q --no-deps --no-binary=:all: -d .whl-zoo yolox==0.3.0
+        ;;
+    clip)
+        mkdir -p .assets-work
+        [[ -f .assets-work/live1080.mp4 ]] || ffmpeg -nostdin -hide_banner -loglevel error -y -stream_loop 6 \
+            -r 30 -i streamd/bundled/samples/vtest.mp4 -frames:v 1800 -vf scale=1920:1080 -c:v libx264 \
+            -preset veryfast -crf 32 -bf 2 -g 60 -pix_fmt yuv420p -an .assets-work/live1080.mp4
+        ;;
+    *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, clip)" >&2; exit 2 ;;
+    esac
+done
+du -sh .whl-live .whl-spy .whl-zoo .assets-work/live1080.mp4 2>/dev/null || true
