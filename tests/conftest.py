@@ -44,8 +44,11 @@ def short_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 break
             picture = frame.reformat(format="yuv420p")
             picture.pts, picture.time_base = k, Fraction(1, 10)
+            picture.pict_type = av.video.frame.PictureType.NONE  # x264 chooses (else it copies the source's)
             out.mux(stream.encode(picture))
         out.mux(stream.encode())
+    with av.open(str(path)) as check:
+        assert sum(1 for _ in check.decode(video=0)) == SHORT_FRAMES, path
     return path
 
 

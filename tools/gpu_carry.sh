@@ -22,6 +22,7 @@ for what in "${WANT[@]}"; do
     case "$what" in
     live)
         mkdir -p .whl .whl-live
+        rm -f .whl/pynvvideocodec-* .whl-live/*  # one version only: the slim script and install() take the first
         python3 -m pip download -q "${PY[@]}" -d .whl PyNvVideoCodec
         tools/slim_pynvvideocodec.sh >/dev/null
         python3 -m pip download -q "${PY[@]}" -d .whl-live orjson
@@ -37,9 +38,12 @@ for what in "${WANT[@]}"; do
         ;;
     clip)
         mkdir -p .assets-work
-        [[ -f .assets-work/live1080.mp4 ]] || ffmpeg -nostdin -hide_banner -loglevel error -y -stream_loop 6 \
-            -r 30 -i streamd/bundled/samples/vtest.mp4 -frames:v 1800 -vf scale=1920:1080 -c:v libx264 \
-            -preset veryfast -crf 32 -bf 2 -g 60 -pix_fmt yuv420p -an .assets-work/live1080.mp4
+        if [[ ! -f .assets-work/live1080.mp4 ]]; then  # written aside first: an interrupted encode is no clip
+            ffmpeg -nostdin -hide_banner -loglevel error -y -stream_loop 6 -r 30 \
+                -i streamd/bundled/samples/vtest.mp4 -frames:v 1800 -vf scale=1920:1080 -c:v libx264 \
+                -preset veryfast -crf 32 -bf 2 -g 60 -pix_fmt yuv420p -an .assets-work/live1080.tmp.mp4
+            mv .assets-work/live1080.tmp.mp4 .assets-work/live1080.mp4
+        fi
         ;;
     *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, clip)" >&2; exit 2 ;;
     esac

@@ -56,6 +56,7 @@ install() {
 }
 
 build() {  # families... (skipped when already built on this machine)
+    [[ -d /tmp/site/ultralytics ]] || say "no .whl-zoo carried (tools/gpu_carry.sh zoo): the zoo cannot be built"
     local want=() f
     for f in "$@"; do ls "$ZOO"/"$f"-640-dyn*.onnx >/dev/null 2>&1 || want+=("$f"); done
     [[ ${#want[@]} -eq 0 ]] && return

@@ -237,13 +237,23 @@ class GpuStages:
         return buf.host.source_detections(slot.transforms, [(f.width, f.height) for f in frames])
 
     def warmed(self) -> None:
-        """The engine gives back what only start-up used (torch: the start-up check's staging buffers and the
-        caching allocator's free blocks left by eager warm-ups; CUDA graph pools stay). Set
-        STREAMD_KEEP_ALLOCATOR_CACHE=1 to keep them (bench/bench_memory.py's before/after)."""
+        """The engine gives back what only start-up used (torch: the start-up check's max-batch staging
+        buffers, and what the caching allocator holds free; each CUDA graph capture already empties it, so
+        after the last one that is mostly the staging). Not for an engine that runs eagerly (no graphs, or a
+        capture failed): its next batch would allocate its activations again, on the live path. An
+        optimisation only: a failure is logged, never fatal. STREAMD_KEEP_ALLOCATOR_CACHE=1 keeps it all
+        (bench/bench_memory.py's before/after)."""
         release = getattr(self.engine, "release_unused", None)
         if release is None or os.environ.get("STREAMD_KEEP_ALLOCATOR_CACHE") == "1":
             return
-        freed = release()
+        counts = getattr(self.engine, "graph_counts", None)
+        if not getattr(self.engine, "cuda_graphs", False) or (counts is not None and counts()[1]):
+            return
+        try:
+            freed = release()
+        except Exception as exc:
+            log.warning("engine: giving back start-up's GPU memory failed (%s); it stays held", exc)
+            return
         log.info("engine: %.0f MB of GPU memory that only start-up used given back", freed / 2**20)
 
     def close(self) -> None:
