@@ -151,7 +151,10 @@ def test_daemon_serves_metrics_health_and_a_snapshot_with_boxes(tmp_path, metric
     assert {"preprocess", "infer", "postprocess", "queue", "total"} <= stages, stages
     code, info = daemon.healthz()
     assert code == 200 and info["streams"]["demo"]["state"] == "running"
-    code, jpeg = daemon.get("/streams/demo/snapshot.jpg")
+    # The worker answers within 2 s or the request is a 404; on a box this loaded (CI) one may miss that
+    code, jpeg = daemon.wait_for(
+        lambda: (r := daemon.get("/streams/demo/snapshot.jpg"))[0] == 200 and r, "a snapshot", 30
+    )
     assert code == 200 and jpeg[:2] == b"\xff\xd8"
     boxes = green_pixels(jpeg)
     print(f"{len(fams)} families, stages {sorted(stages)}, snapshot {len(jpeg)} bytes, {boxes} box pixels")
