@@ -13,11 +13,13 @@
 #   tools/gpu_models.sh gil      # py-spy --gil of one worker at GIL_N cameras (the per-worker host limit)
 #   tools/gpu_models.sh host     # bench_host.py on the GPU path: the null detector (no inference cost), one
 #                                # worker, HOST_N cameras of the 1080p clip, py-spy --gil each (~6 min)
+#   tools/gpu_models.sh ceiling    # bench_engines of CEIL_MODELS (yolov8s rtdetr-l): CEIL_VARIANTS (graphs compile)
+#                                  # at CEIL_B (1 8 32 64) within CEIL_BUDGET_S (540)
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (keep-cache = before, baseline = after the start-up
 #                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
-# Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
+# Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
 # Env for live rows: TASKSET (cores the daemon is pinned to). Next session (tenth session's results in
@@ -177,7 +179,12 @@ live)
 rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; …": one live row each, no spare
     # worker (its engine build under load takes minutes); "mps:" runs the row under NVIDIA MPS
     install
-    build yolov8s rtdetr-l
+    build yolov8s rtdetr-l &
+    if [[ -n "${GPU_TESTS:-}" ]]; then  # GPU tests beside the build, before any live row (no contention)
+        timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS >"$RES/gpu-tests.txt" 2>&1
+        say "GPU tests rc=$? in $SECONDS s"; tail -8 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
+    fi
+    wait
     (which nvidia-cuda-mps-control && nvidia-smi -q | grep -i "compute mode") >>"$RES/summary.txt" 2>&1
     IFS=';' read -ra rows <<<"${ROWS:-}"
     for row in "${rows[@]}"; do
@@ -247,6 +254,21 @@ host)  # a worker's own host cost per frame on the GPU path, with a detector tha
     say "host rc=$?"
     for f in "$RES"/host/bench_live-*.md; do tail -1 "$f" >>"$RES/summary.txt"; done
     grep -h -A12 "GIL holders" "$RES/host.log" >>"$RES/summary.txt"
+    ;;
+ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by side in one process each: issue 26
+    # point 1's `engine.compile` (never measured before the twelfth session) beside CUDA graphs
+    install
+    build ${CEIL_MODELS:-yolov8s rtdetr-l}
+    for m in ${CEIL_MODELS:-yolov8s rtdetr-l}; do
+        f=$(ls "$ZOO"/"$m"-640-dyn*.onnx | head -1)
+        left=$(( ${CEIL_BUDGET_S:-540} - SECONDS - 20 ))
+        if (( left < 90 )); then say "ceiling $m skipped: the call's time is spent"; continue; fi
+        timeout "$left" python3 bench/bench_engines.py --model "$f" --input-size 640 640 --precisions fp16 \
+            --variants ${CEIL_VARIANTS:-graphs compile} --batches ${CEIL_B:-1 8 32 64} --budget-s $(( left - 30 )) \
+            --out "$RES/ceiling-$m" >"$RES/ceiling-$m.txt" 2>&1
+        say "ceiling $m rc=$?"; cat "$RES/ceiling-$m/bench_engines.md" >>"$RES/summary.txt" 2>/dev/null \
+            || tail -12 "$RES/ceiling-$m.txt" >>"$RES/summary.txt"
+    done
     ;;
 memory)
     install
