@@ -115,6 +115,11 @@ MEASURED = [
     (RTDETR_MB, 16, 2, 30, [5704]),
     (RTDETR_MB, 16, 2, 32, [6266]),
     (RTDETR_MB, 8, 1, 24, [3259, 3279, 3291]),  # 72 cameras at detect_fps 10 over 3
+    # twelfth session (RESULTS "Overload, 8 cores, memory and engine.compile"), tree a78f90d: the same
+    # configurations measured 13-18 % above the tenth session's; kept both
+    (YOLOV8S_MB, 16, 1, 24, [4637, 4637]),  # 48 cameras over 2 workers, pinned to 8 cores
+    (RTDETR_MB, 16, 2, 24, [6431]),  # pinned to 8 cores
+    (YOLOV8S_MB, 32, 1, 16, [4628]),  # bench_memory, 16 cameras, one worker
 ]
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -193,11 +194,9 @@ class TorchEngine:
             self.module = place(fresh, self.device, low, self.channels_last, host_constants=False)
             out = self._forward(probe.to(self.device))
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
+        self.compile_failure: str | None = None  # why engine.compile fell back (None: not asked, or fine)
         if compile and self.on_device:
-            from streamd.engines.torch_compile import compile_module
-
-            self.module = compile_module(self.module)
-            self.steps = (*self.steps, "torch.compile")
+            self._compile(rows, max_batch)
         self._lock = threading.Lock()
         self.lanes = max(1, int(lanes)) if self.on_device else 1
         self._lanes: list[_Lane] = []
@@ -208,6 +207,35 @@ class TorchEngine:
         self._views: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._staging: tuple[Any, Any, Any] | None = None
         self._closed = False
+
+    def _compile(self, rows: int, max_batch: int) -> None:
+        """``engine.compile``: compiled at start-up on probe batches (1 and 2, or the fixed batch) rather than
+        in a pipeline slot's first call; a model Dynamo cannot trace runs uncompiled, with a warning."""
+        from streamd.engines.torch_compile import compile_checked
+
+        torch = self._torch
+
+        def run(module: Any, batch: int) -> None:
+            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            x = torch.zeros((batch, *self.input_shape), dtype=self._compute_dtype, device=self.device)
+            x = x.contiguous(memory_format=fmt)  # the layout later calls bring (Dynamo guards on strides)
+            with torch.inference_mode():
+                module(x)
+            torch.cuda.synchronize(self.device)
+
+        sizes = [rows] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
+        started = time.monotonic()
+        self.module, self.compile_failure = compile_checked(self.module, run, sizes)
+        if self.compile_failure is None:
+            self.steps = (*self.steps, "torch.compile")
+            log.info("torch engine: compiled in %.1f s (batch sizes %s)", time.monotonic() - started, sizes)
+        else:
+            log.warning(
+                "torch engine: engine.compile failed for this model after %.1f s (%s); it runs uncompiled, "
+                "as with engine.compile: false",
+                time.monotonic() - started,
+                self.compile_failure,
+            )
 
     # -- compute ---------------------------------------------------------------------------------------------
 

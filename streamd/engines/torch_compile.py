@@ -8,12 +8,19 @@ are quicker). The batch dimension is compiled as dynamic, so every batch size fr
 compile (batch 1 is specialised).
 
 Dynamo cannot trace onnx2torch's ``OnnxReshape`` (it builds a ``torch.Size`` from a tensor), so reshapes to a
-constant shape are first rewritten into plain ``torch.reshape`` calls (``freeze_reshapes``).
+constant shape are first rewritten into plain ``torch.reshape`` calls (``freeze_reshapes``). Models that
+build shapes from the batch size at run time (RT-DETR's Reshape and Tile targets: shape arithmetic the
+placement keeps on the host) still fail inside Dynamo; hiding those ops from it (``torch.compiler.disable``)
+made Dynamo re-trace the rest of the graph at every one of ~175 breaks (tiny RT-DETR: 527 s for batch 1 on a
+CPU core), so they are not compiled. ``compile_checked`` compiles at start-up, on probe batches, and falls
+back to the uncompiled module with the reason when the compile fails: ``engine.compile: true`` never stops a
+worker.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -53,11 +60,31 @@ def freeze_reshapes(module: Any) -> int:
     return count
 
 
-def compile_module(module: Any) -> Any:
+def compile_module(module: Any, backend: str = "inductor") -> Any:
     """``module`` (an fx.GraphModule, placed) ready for ``torch.compile``; the compiled callable. The compile
     itself happens at its first call."""
     import torch
 
     frozen = freeze_reshapes(module)
-    log.info("torch engine: compiling with torch.compile (Inductor); %d reshape(s) made static", frozen)
-    return torch.compile(module, dynamic=True, fullgraph=False)
+    log.info("torch engine: compiling with torch.compile (%s); %d reshape(s) made static", backend, frozen)
+    return torch.compile(module, dynamic=True, fullgraph=False, backend=backend)
+
+
+def compile_checked(
+    module: Any, run: Callable[[Any, int], None], batches: Iterable[int], backend: str = "inductor"
+) -> tuple[Any, str | None]:
+    """``module`` compiled and ``run(compiled, batch)`` once per batch size given (batch 1 is specialised,
+    one size from 2 up compiles the dynamic graph): (the compiled callable, None), or (``module`` itself,
+    uncompiled, and why) when compiling or running it fails. ``module`` keeps ``freeze_reshapes``' rewrite
+    either way (the same computation)."""
+    import torch
+
+    compiled = compile_module(module, backend)
+    try:
+        for batch in batches:
+            run(compiled, batch)
+    except Exception as exc:  # Dynamo/Inductor raise many types; none may stop the worker
+        torch._dynamo.reset()  # drop the partial compiles and their guards
+        text = str(exc).strip().splitlines()
+        return module, f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return compiled, None

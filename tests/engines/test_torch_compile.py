@@ -1,5 +1,6 @@
-"""``engine.compile``'s graph rewrite, on the CPU: the bundled model's constant reshapes become plain
-``torch.reshape`` calls (what lets Dynamo trace it) and the model computes exactly what it did before. The
+"""``engine.compile`` on the CPU: the graph rewrite (the bundled model's constant reshapes become plain
+``torch.reshape`` calls, what lets Dynamo trace it, computing exactly what it did before), and the fallback
+when Dynamo cannot trace a model (real Dynamo, its eager backend: no Inductor code generation here). The
 compile itself runs on the GPU (tests/engines/gpu/test_torch_engine_gpu.py, fp16-compiled)."""
 
 from __future__ import annotations
@@ -28,3 +29,48 @@ def test_frozen_reshapes_compute_the_same(torch_ready):
     with torch.inference_mode():
         after = module(x)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
+
+
+def _placed(name: str):
+    import torch
+
+    from streamd.engines.torch import convert_model
+    from streamd.engines.torch_place import place
+
+    module, io, _ = convert_model(ZOO / name, max_batch=4, input_size=(160, 160))
+    return place(module, torch.device("cpu"), None, False), io.chw
+
+
+def _runner(chw, outputs: dict):
+    import torch
+
+    def run(module, batch: int) -> None:
+        x = torch.from_numpy(np.random.default_rng(batch).standard_normal((batch, *chw)).astype(np.float32))
+        with torch.inference_mode():
+            outputs[batch] = module(x)
+
+    return run
+
+
+def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready):
+    """RT-DETR builds its Reshape/Tile targets from the batch size at run time (on the host): Dynamo fails
+    on them (the H200 run of bench_engines, twelfth session). compile_checked must hand back the uncompiled
+    module, still computing what it did, and say why — not let the first pipeline call raise."""
+    import torch
+
+    from streamd.engines.torch_compile import compile_checked
+
+    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
+    before: dict = {}
+    _runner(chw, before)(module, 2)
+    got, why = compile_checked(module, _runner(chw, {}), [1, 2], backend="eager")
+    assert got is module
+    assert why is not None and "torch.Size" in why, why
+    after: dict = {}
+    _runner(chw, after)(got, 2)
+    torch.testing.assert_close(after[2], before[2], rtol=0, atol=0)
+    # The compiling side (a model that traces comes back compiled) runs on the GPU through the engine:
+    # tests/engines/gpu/test_torch_engine_gpu.py (fp16-compiled, "torch.compile" in engine.steps).

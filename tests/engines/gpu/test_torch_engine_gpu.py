@@ -190,7 +190,7 @@ def test_torch_matches_onnxruntime_on_real_frames(frames, reference, precision):
     ref_dets, got_dets = postprocess(reference), postprocess(got)
     margin = 0.002 if precision == "fp32" else 0.01
     px = 0.05 if precision == "fp32" else 1.0  # fp16 steps: 0.25 px from 256, 0.5 px from 512
-    load_s = time.perf_counter() - t0 if compiled else load_s  # compiled: the first calls compile
+    load_s = time.perf_counter() - t0 if compiled else load_s  # compiled: start-up compiles; + first calls
     matched, total, flips, problems = match(ref_dets, got_dets, post, margin, px)
     RESULTS[precision] = {
         "frames": len(frames),
@@ -331,6 +331,27 @@ def test_rtdetr_is_captured_in_cuda_graphs(frames, caplog):
     assert sum(len(lane.graphs) for lane in graphed._lanes) >= 2  # both batch sizes captured
     eager.close()
     graphed.close()
+
+
+def test_rtdetr_with_engine_compile_falls_back_and_keeps_its_graphs(frames, caplog):
+    """engine.compile on RT-DETR: Dynamo cannot trace its run-time shape arithmetic (bench_engines on the
+    H200, twelfth session); the engine says so at start-up and runs uncompiled, CUDA graphs on, computing
+    what the uncompiled engine does."""
+    from streamd.engines.torch import TorchEngine
+
+    model = ROOT / "tests" / "data" / "zoo" / "rtdetr-l-tiny-160-dyn.onnx"
+    small = torch.nn.functional.interpolate(torch.from_numpy(frames[:8]), size=(160, 160)).numpy()
+    opts = {"max_batch": MAX_BATCH, "precision": "fp32", "device": 0, "input_size": (160, 160), "tf32": False}
+    plain = TorchEngine(model, EngineOptions(**opts, cuda_graphs=True))
+    asked = TorchEngine(model, EngineOptions(**opts, cuda_graphs=True, compile=True))
+    assert asked.compile_failure and "torch.compile" not in asked.steps
+    assert any("engine.compile failed" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(
+        run_slots(asked, small, batch=4, repeats=2), run_slots(plain, small, batch=4), rtol=1e-4, atol=1e-4
+    )
+    assert asked.cuda_graphs and sum(len(lane.graphs) for lane in asked._lanes) >= 1
+    plain.close()
+    asked.close()
 
 
 def test_start_up_memory_goes_back_and_the_graphs_still_replay(frames):
