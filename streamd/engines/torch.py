@@ -186,13 +186,26 @@ class TorchEngine:
         )
         self.module = place(cpu_module, self.device, low, self.channels_last)
         try:
-            out = self._forward(probe.to(self.device))
-        except RuntimeError as exc:  # a constant kept on the host meets a device op: keep all on the device
-            log.warning("torch engine: host shape constants do not fit this model (%s); no CUDA graphs", exc)
-            self.cuda_graphs = False
-            fresh = convert_model(model_path, max_batch, o.input_size)[0]
-            self.module = place(fresh, self.device, low, self.channels_last, host_constants=False)
-            out = self._forward(probe.to(self.device))
+            try:
+                out = self._forward(probe.to(self.device))
+            except RuntimeError as exc:  # a constant kept on the host meets a device op: all on the device
+                log.warning(
+                    "torch engine: host shape constants do not fit this model (%s); no CUDA graphs", exc
+                )
+                self.cuda_graphs = False
+                fresh = convert_model(model_path, max_batch, o.input_size)[0]
+                self.module = place(fresh, self.device, low, self.channels_last, host_constants=False)
+                out = self._forward(probe.to(self.device))
+        except Exception as exc:
+            if any(s.startswith("onnxslim") for s in self.steps):
+                raise
+            # Unsimplified, onnx2torch's ops meet shape tensors they cannot take (RT-DETR's Tile: TypeError
+            # from torch.Size); onnxslim folds those computations away.
+            raise EngineError(
+                f"torch engine: {model_path.name} does not run unsimplified ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install onnxslim "
+                "(pip install 'streamd[torch]')"
+            ) from exc
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
         self.compile_failure: str | None = None  # why engine.compile fell back (None: not asked, or fine)
         if compile and self.on_device:

@@ -143,3 +143,16 @@ def test_a_device_that_does_not_exist_is_a_config_error(torch_ready, models, mon
     with pytest.raises(EngineError, match=r"pipeline\.devices") as e:
         TorchEngine(models["dynamic"], EngineOptions(max_batch=2, device=2))
     assert e.value.code == EX_CONFIG
+
+
+def test_a_model_that_needs_onnxslim_says_so_when_it_is_missing(torch_ready, monkeypatch):
+    """RT-DETR converted unsimplified fails inside onnx2torch's Tile (a TypeError from torch.Size, what the
+    twelfth session's GPU call hit with onnxslim missing from the box): the engine names the fix instead."""
+    from streamd.engines import onnx_tools
+    from streamd.engines.torch import TorchEngine
+
+    model = Path(__file__).resolve().parents[1] / "data" / "zoo" / "rtdetr-l-tiny-160-dyn.onnx"
+    monkeypatch.setattr(onnx_tools, "slim", lambda m: (m, None))  # as when onnxslim is not installed
+    options = EngineOptions(max_batch=2, precision="fp32", device="cpu", input_size=(160, 160))
+    with pytest.raises(EngineError, match=r"install onnxslim .*streamd\[torch\]"):
+        TorchEngine(model, options)
