@@ -22,12 +22,14 @@
 # Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
-# Env for live rows: TASKSET (cores the daemon is pinned to). Next session (tenth session's results in
-# bench/RESULTS.md "Live density with real-size detectors"): `memory`; then rows for issue 26's open points:
-#   ROWS="rtdetr-l 42 --workers 1 --batch 16 --lanes 2 --engine-img-s 1038; …"   # 1.3x RT-DETR's capacity
-#   TASKSET=0-7 ROWS="yolov8s 48 --workers 2 --batch 16 …; rtdetr-l 24 --workers 1 --batch 16 --lanes 2 …"
-# and RT-DETR's ceiling with `--variants compile` (bench_engines), never measured.
-# Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt, onnx2torch, onnxslim, lap, the YOLOX sdist), .whl-live
+# Env for live rows: TASKSET (cores the daemon is pinned to). The twelfth session ran the 1.3x overload row,
+# the 8-core rows, `memory` and `ceiling` (bench/RESULTS.md "Overload, 8 cores, memory and engine.compile").
+# Next: YOLOv8s with engine.compile in live rows (its engine is 1.38x faster compiled; start-up ≈ 82 s each):
+#   ROWS="yolov8s 96 --workers 4 --batch 32 --compile --engine-img-s 4506; yolov8s 120 --workers 5 --batch 32 \
+#         --compile --engine-img-s 4506" tools/gpu_models.sh rows   (LIVE_BUDGET_S, the start-timeout: compile)
+# and a worker's memory broken down by start-up step (point 5's 1.5 GB per worker).
+# Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
+# torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
