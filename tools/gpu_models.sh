@@ -26,7 +26,7 @@
 # the 8-core rows, `memory` and `ceiling` (bench/RESULTS.md "Overload, 8 cores, memory and engine.compile").
 # Next: YOLOv8s with engine.compile in live rows (its engine is 1.38x faster compiled; start-up ≈ 82 s each):
 #   ROWS="yolov8s 96 --workers 4 --batch 32 --compile --engine-img-s 4506; yolov8s 120 --workers 5 --batch 32 \
-#         --compile --engine-img-s 4506" tools/gpu_models.sh rows   (LIVE_BUDGET_S, the start-timeout: compile)
+#         --compile --engine-img-s 4506 --start-timeout 420" LIVE_TIMEOUT_S=540 tools/gpu_models.sh rows
 # and a worker's memory broken down by start-up step (point 5's 1.5 GB per worker).
 # Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
 # torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
@@ -82,7 +82,7 @@ live() {  # NAME MODEL N [bench_live args...]: one live row; prints it; 0 when c
     local dir="$RES/$name-$n"
     if (( SECONDS > ${LIVE_BUDGET_S:-430} )); then say "$name $n skipped: the call's time is spent"; return 2; fi
     # TASKSET=0-7: the daemon (and bench) pinned to those cores, as on an 8-core edge box (issue 26 point 6)
-    timeout 300 ${TASKSET:+taskset -c "$TASKSET"} python3 bench/bench_live.py --clip "$CLIP" --model "$model" --input-size 640 640 \
+    timeout "${LIVE_TIMEOUT_S:-300}" ${TASKSET:+taskset -c "$TASKSET"} python3 bench/bench_live.py --clip "$CLIP" --model "$model" --input-size 640 640 \
         --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
         --model-key "score_threshold: $(threshold "$model")" --streams "$n" --p99-ms 100 \
         --ceiling-threads 0 --ceiling-processes 0 --out "$dir" "$@" >"$dir.log" 2>&1
