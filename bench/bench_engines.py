@@ -305,6 +305,14 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
             engine = TorchEngine(model, options)
             load_s = time.perf_counter() - t0
             build_s[(v.precision, v.compile)] = load_s
+            if v.compile and engine.compile_failure:  # it runs uncompiled: its rows must not pass as compiled
+                head = {
+                    **head,
+                    "variant": f"{v.label} (failed: runs uncompiled)",
+                    "compile": False,
+                    "compile_failure": engine.compile_failure,
+                }
+                print(f"{v.label} {v.precision}: engine.compile failed: {engine.compile_failure}", flush=True)
             _, h, w = engine.input_shape
             if (w, h) not in frames_cache:
                 frames = real_frames(top, w, h, prep)

@@ -196,20 +196,19 @@ class TorchEngine:
                 fresh = convert_model(model_path, max_batch, o.input_size)[0]
                 self.module = place(fresh, self.device, low, self.channels_last, host_constants=False)
                 out = self._forward(probe.to(self.device))
-        except Exception as exc:
+        except TypeError as exc:
             if any(s.startswith("onnxslim") for s in self.steps):
                 raise
             # Unsimplified, onnx2torch's ops meet shape tensors they cannot take (RT-DETR's Tile: TypeError
             # from torch.Size); onnxslim folds those computations away.
             raise EngineError(
-                f"torch engine: {model_path.name} does not run unsimplified ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install onnxslim "
-                "(pip install 'streamd[torch]')"
+                f"torch engine: {model_path.name} does not run unsimplified ({exc}); onnxslim did not run "
+                "(missing, or it failed: see the warning above): pip install 'streamd[torch]'"
             ) from exc
         self.output_shape = (1, *(int(d) for d in out.shape[1:]))
         self.compile_failure: str | None = None  # why engine.compile fell back (None: not asked, or fine)
         if compile and self.on_device:
-            self._compile(rows, max_batch)
+            self._compile(probe, max_batch)
         self._lock = threading.Lock()
         self.lanes = max(1, int(lanes)) if self.on_device else 1
         self._lanes: list[_Lane] = []
@@ -221,24 +220,25 @@ class TorchEngine:
         self._staging: tuple[Any, Any, Any] | None = None
         self._closed = False
 
-    def _compile(self, rows: int, max_batch: int) -> None:
+    def _compile(self, probe: Any, max_batch: int) -> None:
         """``engine.compile``: compiled at start-up on probe batches (1 and 2, or the fixed batch) rather than
         in a pipeline slot's first call; a model Dynamo cannot trace runs uncompiled, with a warning."""
         from streamd.engines.torch_compile import compile_checked
 
         torch = self._torch
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
 
         def run(module: Any, batch: int) -> None:
-            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-            x = torch.zeros((batch, *self.input_shape), dtype=self._compute_dtype, device=self.device)
-            x = x.contiguous(memory_format=fmt)  # the layout later calls bring (Dynamo guards on strides)
+            rows = probe[:1].expand(batch, *probe.shape[1:])  # the seeded probe, as many rows as asked
+            x = rows.to(self.device, self._compute_dtype).contiguous(memory_format=fmt)  # later calls' layout
             with torch.inference_mode():
                 module(x)
             torch.cuda.synchronize(self.device)
 
-        sizes = [rows] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
+        sizes = [probe.shape[0]] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
         started = time.monotonic()
-        self.module, self.compile_failure = compile_checked(self.module, run, sizes)
+        with torch.cuda.device(self.device):  # compile and run on the engine's GPU, not the current one
+            self.module, self.compile_failure = compile_checked(self.module, run, sizes)
         if self.compile_failure is None:
             self.steps = (*self.steps, "torch.compile")
             log.info("torch engine: compiled in %.1f s (batch sizes %s)", time.monotonic() - started, sizes)

@@ -77,14 +77,15 @@ def compile_checked(
     one size from 2 up compiles the dynamic graph): (the compiled callable, None), or (``module`` itself,
     uncompiled, and why) when compiling or running it fails. ``module`` keeps ``freeze_reshapes``' rewrite
     either way (the same computation)."""
-    import torch
-
-    compiled = compile_module(module, backend)
     try:
+        compiled = compile_module(module, backend)
         for batch in batches:
             run(compiled, batch)
     except Exception as exc:  # Dynamo/Inductor raise many types; none may stop the worker
-        torch._dynamo.reset()  # drop the partial compiles and their guards
+        if "CUDA error" in str(exc):  # the context may be broken (an illegal access): not a compile matter
+            raise
+        # No torch._dynamo.reset(): it would drop every compiled module of the process (another engine's
+        # too); the failed wrapper's caches go with it.
         text = str(exc).strip().splitlines()
         return module, f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
     return compiled, None

@@ -154,5 +154,5 @@ def test_a_model_that_needs_onnxslim_says_so_when_it_is_missing(torch_ready, mon
     model = Path(__file__).resolve().parents[1] / "data" / "zoo" / "rtdetr-l-tiny-160-dyn.onnx"
     monkeypatch.setattr(onnx_tools, "slim", lambda m: (m, None))  # as when onnxslim is not installed
     options = EngineOptions(max_batch=2, precision="fp32", device="cpu", input_size=(160, 160))
-    with pytest.raises(EngineError, match=r"install onnxslim .*streamd\[torch\]"):
+    with pytest.raises(EngineError, match=r"onnxslim did not run .*streamd\[torch\]"):
         TorchEngine(model, options)
