@@ -3,8 +3,10 @@ a metrics port (``metrics_daemon``)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,14 +29,37 @@ SCHEMA = ROOT / "streamd" / "data" / "result.schema.json"
 SHORT_FRAMES = 200  # pictures of the ``short_clip`` fixture
 
 
+def build_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder ``build(folder)`` filled once per test run, shared by pytest-xdist's workers (each would
+    otherwise build its own copy of a session fixture: the demo run and the clip encodes cost a CPU minute
+    each on the 2-core CI machine). The first worker builds under a lock; the others wait and reuse it. A
+    build that raises leaves nothing marked done: the next worker to ask builds again."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, shared by its workers (never an earlier run's)
+    folder = root / f"shared-{name}"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".done").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".done").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def short_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first SHORT_FRAMES pictures of samples/vtest.mp4, re-encoded at its 10 fps (H.264 with B-frames):
     for tests of completeness and order that need no particular frame; a run of the whole clip costs about a
     minute of CPU inference on the CI machine."""
+    return build_once(tmp_path_factory, "short-clip", _encode_short_clip) / "vtest-short.mp4"
+
+
+def _encode_short_clip(folder: Path) -> None:
     import av
 
-    path = tmp_path_factory.mktemp("clips") / "vtest-short.mp4"
+    path = folder / "vtest-short.mp4"
     with av.open(str(CLIP)) as src, av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=10)
         stream.width, stream.height, stream.pix_fmt = 768, 576, "yuv420p"
@@ -49,7 +74,6 @@ def short_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out.mux(stream.encode())
     with av.open(str(path)) as check:
         assert sum(1 for _ in check.decode(video=0)) == SHORT_FRAMES, path
-    return path
 
 
 def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -88,11 +112,19 @@ def assets() -> None:
 
 
 @pytest.fixture(scope="session")
-def demo_run(assets) -> subprocess.CompletedProcess:
-    """`streamd run` with no arguments: the bundled demo (configs/demo.yaml), JSON lines on stdout."""
-    proc = run_streamd("run", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def demo_run(assets, tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """`streamd run` with no arguments: the bundled demo (configs/demo.yaml), JSON lines on stdout (one run
+    shared by the workers, ``build_once``)."""
+
+    def run(folder: Path) -> None:
+        proc = run_streamd("run", timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (folder / "stdout").write_text(proc.stdout)
+        (folder / "stderr").write_text(proc.stderr)
+
+    folder = build_once(tmp_path_factory, "demo-run", run)
+    stdout, stderr = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    return subprocess.CompletedProcess(["streamd", "run"], 0, stdout, stderr)
 
 
 def free_port() -> int:

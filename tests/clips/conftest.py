@@ -18,7 +18,7 @@ import pytest
 from streamd.config.streams import StreamConfig
 from streamd.ingest.reader import StreamReader
 from streamd.types import Frame
-from tests.conftest import CLIP
+from tests.conftest import CLIP, build_once
 from tests.sources.conftest import rtsp_available, rtsp_server  # noqa: F401 (fixtures used here)
 
 FPS = 10
@@ -31,15 +31,19 @@ def _ffmpeg(*args: str) -> None:
 
 @pytest.fixture(scope="session")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    """20 s of the bundled footage at 10 fps with a key frame every second and B-frames: H.264 and HEVC."""
-    folder = tmp_path_factory.mktemp("clip-sources")
-    h264, hevc = folder / "gop10-h264.mp4", folder / "gop10-hevc.mp4"
-    common = ["-i", str(CLIP), "-t", "20", "-an", "-pix_fmt", "yuv420p"]
-    x264 = ["-c:v", "libx264", "-g", "10", "-keyint_min", "10", "-sc_threshold", "0", "-bf", "2"]
-    _ffmpeg(*common, *x264, str(h264))
-    x265 = "keyint=10:min-keyint=10:scenecut=0:bframes=2:log-level=none"
-    _ffmpeg(*common, "-c:v", "libx265", "-x265-params", x265, "-tag:v", "hvc1", str(hevc))
-    return {"h264": h264, "hevc": hevc}
+    """20 s of the bundled footage at 10 fps with a key frame every second and B-frames: H.264 and HEVC
+    (encoded once per run for all workers, ``build_once``)."""
+
+    def encode(folder: Path) -> None:
+        common = ["-i", str(CLIP), "-t", "20", "-an", "-pix_fmt", "yuv420p"]
+        x264 = ["-c:v", "libx264", "-g", "10", "-keyint_min", "10", "-sc_threshold", "0", "-bf", "2"]
+        _ffmpeg(*common, *x264, str(folder / "gop10-h264.mp4"))
+        x265 = "keyint=10:min-keyint=10:scenecut=0:bframes=2:log-level=none"
+        hevc = str(folder / "gop10-hevc.mp4")
+        _ffmpeg(*common, "-c:v", "libx265", "-x265-params", x265, "-tag:v", "hvc1", hevc)
+
+    folder = build_once(tmp_path_factory, "clip-sources", encode)
+    return {"h264": folder / "gop10-h264.mp4", "hevc": folder / "gop10-hevc.mp4"}
 
 
 @dataclass
