@@ -9,11 +9,12 @@ compile (batch 1 is specialised).
 
 Dynamo cannot trace onnx2torch's ``OnnxReshape`` (it builds a ``torch.Size`` from a tensor), so reshapes to a
 constant shape are first rewritten into plain ``torch.reshape`` calls (``freeze_reshapes``). Models that
-build shapes from the batch size at run time (RT-DETR's Reshape and Tile targets: shape arithmetic the
-placement keeps on the host) still fail inside Dynamo; hiding those ops from it (``torch.compiler.disable``)
-made Dynamo re-trace the rest of the graph at every one of ~175 breaks (tiny RT-DETR: 527 s for batch 1 on a
-CPU core), so they are not compiled. ``compile_checked`` compiles at start-up, on probe batches, and falls
-back to the uncompiled module with the reason when the compile fails: ``engine.compile: true`` never stops a
+build shapes from the batch size at run time (RT-DETR's Reshape, Tile and Expand targets: shape arithmetic
+the placement keeps on the host as int64 tensors) are compiled from a copy whose shape arithmetic is Python
+ints (``pythonize_shapes``): Dynamo traces those as SymInts. (Hiding the ops from Dynamo instead,
+``torch.compiler.disable``, made it re-trace the rest of the graph at each of ~175 breaks: 527 s for the tiny
+RT-DETR's batch 1 on a CPU core.) ``compile_checked`` compiles at start-up, on probe batches, and falls back
+to the uncompiled module with the reason when the compile fails: ``engine.compile: true`` never stops a
 worker.
 """
 
@@ -78,7 +79,9 @@ def compile_checked(
     uncompiled, and why) when compiling or running it fails. ``module`` keeps ``freeze_reshapes``' rewrite
     either way (the same computation)."""
     try:
-        compiled = compile_module(module, backend)
+        freeze_reshapes(module)  # first: constant reshapes need no shape arithmetic rewritten
+        # RT-DETR-like models: their run-time shape arithmetic as Python ints (None for all others)
+        compiled = compile_module(pythonize_shapes(module) or module, backend)
         for batch in batches:
             run(compiled, batch)
     except Exception as exc:  # Dynamo/Inductor raise many types; none may stop the worker
@@ -89,3 +92,190 @@ def compile_checked(
         text = str(exc).strip().splitlines()
         return module, f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
     return compiled, None
+
+
+# -- shape arithmetic as Python ints (what lets Dynamo trace RT-DETR) ----------------------------------------
+# The placement computes a model's run-time shapes on the host as small int64 tensors (torch_place); Dynamo
+# sees those as data and fails where onnx2torch makes a torch.Size of one. Rewritten below into Python ints
+# and lists, they become SymInts in Dynamo (the batch stays dynamic) and plain ints in eager runs. Only the
+# ops RT-DETR's shape arithmetic uses are known; anything else leaves the model as it was.
+
+
+def _shape(x: Any, start: int, end: int | None) -> list[Any]:
+    return list(x.shape[start:end])
+
+
+def _gather(data: Any, index: Any) -> Any:
+    if isinstance(index, list):
+        return [data[i] for i in index]
+    return data[index]
+
+
+def _unsqueeze(value: Any, axes: list[int]) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        for axis in axes:
+            value = value.unsqueeze(axis)
+        return value
+    if axes != [0] or isinstance(value, list):
+        raise ValueError(f"unsqueeze of a shape value at {axes}")
+    return [value]
+
+
+def _concat(*values: Any) -> Any:
+    import torch
+
+    if any(isinstance(v, torch.Tensor) for v in values):
+        return torch.cat([v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values])
+    out: list[Any] = []
+    for v in values:
+        out.extend(v)
+    return out
+
+
+def _slice(value: list[Any], starts: list[int], ends: list[int], axes: Any = None, steps: Any = None) -> Any:
+    if axes not in (None, [0], [-1]) or len(starts) != 1:
+        raise ValueError("slice of a shape value along another axis")
+    return value[slice(starts[0], ends[0], (steps or [1])[0])]
+
+
+def _elementwise(op: Any, a: Any, b: Any) -> Any:
+    if isinstance(a, list) or isinstance(b, list):
+        a_list = a if isinstance(a, list) else [a]
+        b_list = b if isinstance(b, list) else [b]
+        n = max(len(a_list), len(b_list))
+        a_list = a_list * n if len(a_list) == 1 else a_list
+        b_list = b_list * n if len(b_list) == 1 else b_list
+        return [op(x, y) for x, y in zip(a_list, b_list, strict=True)]
+    return op(a, b)
+
+
+def _math(name: str, a: Any, b: Any) -> Any:
+    import operator
+
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return getattr(torch, name)(a, b)
+    ops = {"mul": operator.mul, "add": operator.add, "sub": operator.sub, "div": operator.floordiv}
+    return _elementwise(ops[name], a, b)
+
+
+def _range(start: Any, limit: Any, delta: Any, device: Any) -> Any:
+    import torch
+
+    return torch.arange(start, limit, delta, device=device)
+
+
+def _reshape(x: Any, shape: list[Any]) -> Any:
+    import torch
+
+    return torch.reshape(x, [x.shape[i] if d == 0 else d for i, d in enumerate(shape)])
+
+
+def _tile(x: Any, repeats: list[Any]) -> Any:
+    return x.repeat(list(repeats))
+
+
+def _expand(x: Any, shape: list[Any]) -> Any:
+    import torch
+
+    return x.expand(torch.broadcast_shapes(tuple(x.shape), tuple(shape)))
+
+
+_READERS = {"OnnxReshape": _reshape, "OnnxTile": _tile, "OnnxExpand": _expand}
+
+
+_MATH = {"mul": "mul", "add": "add", "sub": "sub", "div": "div"}
+
+
+def _python_args(module: Any, args: Any, done: set[Any]) -> list[Any] | None:
+    """``args`` with constants as Python values and host values as their rewritten nodes; None when one is
+    neither (a device tensor in shape arithmetic, or a large constant)."""
+    import torch
+
+    out: list[Any] = []
+    for a in args:
+        if a is None or isinstance(a, int | float) or a in done:
+            out.append(a)
+        elif getattr(a, "op", None) == "get_attr" and isinstance(_constant(module, a), torch.Tensor):
+            value = _constant(module, a)
+            if value.numel() > 64:
+                return None
+            out.append(value.tolist())
+        else:
+            return None
+    return out
+
+
+def pythonize_shapes(module: Any) -> Any | None:
+    """A copy of ``module`` (an fx.GraphModule after ``place``; submodules and weights shared) whose host
+    shape arithmetic is Python ints and whose Reshape/Tile take Python lists; None when it has none, or an op
+    this does not know (the model then compiles, or falls back, as it is)."""
+    import copy
+
+    import torch
+    from torch import fx
+
+    from streamd.engines.torch_place import _kind, host_valued
+
+    gm = fx.GraphModule(module, copy.deepcopy(module.graph))
+    host = host_valued(gm)
+    if not host:
+        return None
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    done: set[Any] = set()  # rewritten nodes
+    tensors: set[Any] = set()  # those of them that give a tensor
+    graph = gm.graph
+    for node in list(graph.nodes):
+        kind = _kind(gm, node)
+        if node in host:
+            sub = gm.get_submodule(node.target) if node.op == "call_module" else None
+            args = _python_args(gm, node.args, done)
+            target: Callable[..., Any]
+            if kind in ("OnnxShape", "HostShape"):
+                target, args = _shape, [node.args[0], getattr(sub, "_start", 0), getattr(sub, "_end", None)]
+            elif args is None:
+                return None
+            elif kind == "OnnxGather" and getattr(sub, "_axis", 0) == 0:
+                target = _gather
+            elif kind == "OnnxUnsqueezeStaticAxes":
+                target, args = _unsqueeze, [*args, list(getattr(sub, "_axes", ()))]
+            elif kind == "OnnxConcat" and getattr(sub, "axis", 0) == 0:
+                target = _concat
+            elif kind == "OnnxSlice":
+                target = _slice
+            elif kind == "OnnxBinaryMathOperation":
+                name = getattr(getattr(sub, "math_op_function", None), "__name__", "")
+                if name not in _MATH:
+                    return None
+                target, args = _math, [name, *args]
+            elif kind == "OnnxRange":
+                target, args = _range, [*args, device]
+            else:
+                return None
+            with graph.inserting_before(node):
+                new = graph.call_function(target, tuple(args))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            done.add(new)
+            if target is _range or any(a in tensors for a in args if isinstance(a, fx.Node)):
+                tensors.add(new)
+        elif kind in _READERS and len(node.args) == 2:
+            # the data is a device tensor, or (Tile) a rewritten tensor; the shape argument a Python list
+            rest = _python_args(gm, node.args[1:], done)
+            if rest is None or (node.args[0] in done and node.args[0] not in tensors):
+                return None
+            args = [node.args[0], *rest]
+            with graph.inserting_before(node):
+                new = graph.call_function(_READERS[kind], tuple(args))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+        elif any(a in done and not (kind == "DeviceCopy" and a in tensors) for a in node.all_input_nodes):
+            return None  # a host value read by an op not rewritten here
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm

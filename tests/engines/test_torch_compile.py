@@ -55,22 +55,46 @@ def _runner(chw, outputs: dict):
     return run
 
 
-def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready):
-    """RT-DETR builds its Reshape/Tile targets from the batch size at run time (on the host): Dynamo fails
-    on them (the H200 run of bench_engines, twelfth session). compile_checked must hand back the uncompiled
-    module, still computing what it did, and say why — not let the first pipeline call raise."""
+def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready, monkeypatch):
+    """RT-DETR builds its Reshape/Tile targets from the batch size at run time (on the host): as converted,
+    Dynamo fails on them (the H200 run of bench_engines, twelfth session). With its shape arithmetic left
+    as host tensors (pythonize_shapes off), compile_checked must hand back the uncompiled module, still
+    computing what it did, and say why — not let the first pipeline call raise."""
     import torch
 
-    from streamd.engines.torch_compile import compile_checked
+    from streamd.engines import torch_compile
 
+    monkeypatch.setattr(torch_compile, "pythonize_shapes", lambda module: None)
     module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
     before: dict = {}
     _runner(chw, before)(module, 2)
-    got, why = compile_checked(module, _runner(chw, {}), [1, 2], backend="eager")
+    got, why = torch_compile.compile_checked(module, _runner(chw, {}), [2], backend="eager")
     assert got is module
     assert why is not None and "torch.Size" in why, why
     after: dict = {}
     _runner(chw, after)(got, 2)
     torch.testing.assert_close(after[2], before[2], rtol=0, atol=0)
-    # The compiling side (a model that traces comes back compiled) runs on the GPU through the engine:
-    # tests/engines/gpu/test_torch_engine_gpu.py (fp16-compiled, "torch.compile" in engine.steps).
+
+
+def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch_ready):
+    """pythonize_shapes: RT-DETR's run-time shape arithmetic (host int64 tensors, what Dynamo fails on) turns
+    into Python ints feeding plain reshape/repeat/expand calls — none of onnx2torch's shape-reading modules
+    is left — and the copy computes exactly what the model does at three batch sizes. (Dynamo traces the
+    copy with the batch dynamic: 69 s on this CPU, too slow for CI; Inductor and CUDA graphs on it run in
+    tests/engines/gpu/test_torch_engine_gpu.py.)"""
+    import torch
+
+    from streamd.engines.torch_compile import freeze_reshapes, pythonize_shapes
+
+    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
+    freeze_reshapes(module)
+    rewritten = pythonize_shapes(module)
+    assert rewritten is not None
+    kinds = {type(m).__name__ for m in rewritten.modules()}
+    assert not kinds & {"OnnxShape", "HostShape", "OnnxReshape", "OnnxTile", "OnnxExpand", "OnnxRange"}, kinds
+    for batch in (1, 2, 3):
+        plain: dict = {}
+        python: dict = {}
+        _runner(chw, plain)(module, batch)
+        _runner(chw, python)(rewritten, batch)
+        torch.testing.assert_close(python[batch], plain[batch], rtol=0, atol=0)

@@ -333,10 +333,11 @@ def test_rtdetr_is_captured_in_cuda_graphs(frames, caplog):
     graphed.close()
 
 
-def test_rtdetr_with_engine_compile_falls_back_and_keeps_its_graphs(frames, caplog):
-    """engine.compile on RT-DETR: Dynamo cannot trace its run-time shape arithmetic (bench_engines on the
-    H200, twelfth session); the engine says so at start-up and runs uncompiled, CUDA graphs on, computing
-    what the uncompiled engine does."""
+def test_rtdetr_with_engine_compile_computes_the_same_in_cuda_graphs(frames, caplog):
+    """engine.compile on RT-DETR: as converted, Dynamo cannot trace its run-time shape arithmetic (the
+    twelfth session's bench_engines); compiled from the copy whose shapes are Python ints
+    (pythonize_shapes), or, should that fail on the GPU, run uncompiled with a warning at start-up. Either
+    way it computes what the uncompiled engine does, CUDA graphs on."""
     from streamd.engines.torch import TorchEngine
 
     model = ROOT / "tests" / "data" / "zoo" / "rtdetr-l-tiny-160-dyn.onnx"
@@ -344,10 +345,13 @@ def test_rtdetr_with_engine_compile_falls_back_and_keeps_its_graphs(frames, capl
     opts = {"max_batch": MAX_BATCH, "precision": "fp32", "device": 0, "input_size": (160, 160), "tf32": False}
     plain = TorchEngine(model, EngineOptions(**opts, cuda_graphs=True))
     asked = TorchEngine(model, EngineOptions(**opts, cuda_graphs=True, compile=True))
-    assert asked.compile_failure and "torch.compile" not in asked.steps
-    assert any("engine.compile failed" in r.getMessage() for r in caplog.records)
+    compiled = "torch.compile" in asked.steps
+    print("\nRT-DETR engine.compile:", "compiled" if compiled else f"fell back: {asked.compile_failure}")
+    assert compiled != bool(asked.compile_failure)
+    if not compiled:
+        assert any("engine.compile failed" in r.getMessage() for r in caplog.records)
     np.testing.assert_allclose(
-        run_slots(asked, small, batch=4, repeats=2), run_slots(plain, small, batch=4), rtol=1e-4, atol=1e-4
+        run_slots(asked, small, batch=4, repeats=2), run_slots(plain, small, batch=4), rtol=1e-3, atol=1e-3
     )
     assert asked.cuda_graphs and sum(len(lane.graphs) for lane in asked._lanes) >= 1
     plain.close()
