@@ -106,6 +106,10 @@ def _shape(x: Any, start: int, end: int | None) -> list[Any]:
 
 
 def _gather(data: Any, index: Any) -> Any:
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return data[index]
     if isinstance(index, list):
         return [data[i] for i in index]
     return data[index]
@@ -135,7 +139,10 @@ def _concat(*values: Any) -> Any:
 
 
 def _slice(value: list[Any], starts: list[int], ends: list[int], axes: Any = None, steps: Any = None) -> Any:
-    if axes not in (None, [0], [-1]) or len(starts) != 1:
+    import torch
+
+    one_d = not isinstance(value, torch.Tensor) or value.dim() == 1
+    if axes not in (None, [0], [-1]) or len(starts) != 1 or not one_d:
         raise ValueError("slice of a shape value along another axis")
     return value[slice(starts[0], ends[0], (steps or [1])[0])]
 
@@ -158,7 +165,7 @@ def _math(name: str, a: Any, b: Any) -> Any:
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return getattr(torch, name)(a, b)
-    ops = {"mul": operator.mul, "add": operator.add, "sub": operator.sub, "div": operator.floordiv}
+    ops = {"mul": operator.mul, "add": operator.add, "sub": operator.sub}
     return _elementwise(ops[name], a, b)
 
 
@@ -187,7 +194,8 @@ def _expand(x: Any, shape: list[Any]) -> Any:
 _READERS = {"OnnxReshape": _reshape, "OnnxTile": _tile, "OnnxExpand": _expand}
 
 
-_MATH = {"mul": "mul", "add": "add", "sub": "sub", "div": "div"}
+# Div is left out: ONNX's integer Div truncates toward zero (onnx2torch's _onnx_div), Python's // floors.
+_MATH = {"mul": "mul", "add": "add", "sub": "sub"}
 
 
 def _python_args(module: Any, args: Any, done: set[Any]) -> list[Any] | None:
@@ -230,6 +238,8 @@ def pythonize_shapes(module: Any) -> Any | None:
     graph = gm.graph
     for node in list(graph.nodes):
         kind = _kind(gm, node)
+        if node.kwargs and (node in host or kind in _READERS):
+            return None  # onnx2torch passes inputs after a skipped one as kwargs: not rewritten here
         if node in host:
             sub = gm.get_submodule(node.target) if node.op == "call_module" else None
             args = _python_args(gm, node.args, done)

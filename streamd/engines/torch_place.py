@@ -81,6 +81,10 @@ class _HostShape:
         import torch
 
         class HostShape(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self._start, self._end = start, end  # as OnnxShape names them (torch_compile reads them)
+
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 return torch.tensor(x.shape[start:end], dtype=torch.int64)
 

@@ -98,3 +98,17 @@ def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch
         _runner(chw, plain)(module, batch)
         _runner(chw, python)(rewritten, batch)
         torch.testing.assert_close(python[batch], plain[batch], rtol=0, atol=0)
+
+
+def test_the_gpu_placements_shape_op_keeps_its_bounds_for_the_rewrite(torch_ready):
+    """On a GPU the placement swaps onnx2torch's OnnxShape for HostShape; pythonize_shapes reads the same
+    ``_start``/``_end`` from either (a Shape(start, end) of opset 15 read whole would build wrong targets)."""
+    import torch
+
+    from streamd.engines.torch_compile import _shape
+    from streamd.engines.torch_place import _HostShape
+
+    op = _HostShape.make(1, 3)
+    x = torch.zeros(2, 3, 4, 5)
+    assert (op._start, op._end) == (1, 3)
+    assert op(x).tolist() == _shape(x, op._start, op._end) == [3, 4]
