@@ -21,6 +21,7 @@ worker.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,10 +50,7 @@ def freeze_reshapes(module: Any) -> int:
         dims = [int(v) for v in _constant(module, shape).tolist()]
         if 0 in dims:
             continue
-        with graph.inserting_before(node):
-            plain = graph.call_function(torch.reshape, (node.args[0], tuple(dims)))
-        node.replace_all_uses_with(plain)
-        graph.erase_node(node)
+        _replace(graph, node, torch.reshape, [node.args[0], tuple(dims)])
         count += 1
     graph.eliminate_dead_code()
     graph.lint()
@@ -158,15 +156,16 @@ def _elementwise(op: Any, a: Any, b: Any) -> Any:
     return op(a, b)
 
 
-def _math(name: str, a: Any, b: Any) -> Any:
-    import operator
+# Div is left out: ONNX's integer Div truncates toward zero (onnx2torch's _onnx_div), Python's // floors.
+_INT_OPS = {"mul": operator.mul, "add": operator.add, "sub": operator.sub}
 
+
+def _math(name: str, a: Any, b: Any) -> Any:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return getattr(torch, name)(a, b)
-    ops = {"mul": operator.mul, "add": operator.add, "sub": operator.sub}
-    return _elementwise(ops[name], a, b)
+    return _elementwise(_INT_OPS[name], a, b)
 
 
 def _range(start: Any, limit: Any, delta: Any, device: Any) -> Any:
@@ -194,8 +193,13 @@ def _expand(x: Any, shape: list[Any]) -> Any:
 _READERS = {"OnnxReshape": _reshape, "OnnxTile": _tile, "OnnxExpand": _expand}
 
 
-# Div is left out: ONNX's integer Div truncates toward zero (onnx2torch's _onnx_div), Python's // floors.
-_MATH = {"mul": "mul", "add": "add", "sub": "sub"}
+def _replace(graph: Any, node: Any, target: Callable[..., Any], args: list[Any]) -> Any:
+    """``node`` replaced in ``graph`` by ``target(*args)``; the new node."""
+    with graph.inserting_before(node):
+        new = graph.call_function(target, tuple(args))
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return new
 
 
 def _python_args(module: Any, args: Any, done: set[Any]) -> list[Any] | None:
@@ -219,8 +223,8 @@ def _python_args(module: Any, args: Any, done: set[Any]) -> list[Any] | None:
 
 def pythonize_shapes(module: Any) -> Any | None:
     """A copy of ``module`` (an fx.GraphModule after ``place``; submodules and weights shared) whose host
-    shape arithmetic is Python ints and whose Reshape/Tile take Python lists; None when it has none, or an op
-    this does not know (the model then compiles, or falls back, as it is)."""
+    shape arithmetic is Python ints and whose Reshape/Tile/Expand take Python lists; None when it has none,
+    or an op this does not know (the model then compiles, or falls back, as it is)."""
     import copy
 
     import torch
@@ -258,17 +262,14 @@ def pythonize_shapes(module: Any) -> Any | None:
                 target = _slice
             elif kind == "OnnxBinaryMathOperation":
                 name = getattr(getattr(sub, "math_op_function", None), "__name__", "")
-                if name not in _MATH:
+                if name not in _INT_OPS:
                     return None
                 target, args = _math, [name, *args]
             elif kind == "OnnxRange":
                 target, args = _range, [*args, device]
             else:
                 return None
-            with graph.inserting_before(node):
-                new = graph.call_function(target, tuple(args))
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
+            new = _replace(graph, node, target, args)
             done.add(new)
             if target is _range or any(a in tensors for a in args if isinstance(a, fx.Node)):
                 tensors.add(new)
@@ -277,11 +278,7 @@ def pythonize_shapes(module: Any) -> Any | None:
             rest = _python_args(gm, node.args[1:], done)
             if rest is None or (node.args[0] in done and node.args[0] not in tensors):
                 return None
-            args = [node.args[0], *rest]
-            with graph.inserting_before(node):
-                new = graph.call_function(_READERS[kind], tuple(args))
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
+            _replace(graph, node, _READERS[kind], [node.args[0], *rest])
         elif any(a in done and not (kind == "DeviceCopy" and a in tensors) for a in node.all_input_nodes):
             return None  # a host value read by an op not rewritten here
     graph.eliminate_dead_code()
