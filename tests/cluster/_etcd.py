@@ -36,6 +36,21 @@ class EtcdServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Start etcd and wait for it to be healthy. free_port() only finds a port free for a moment: when
+        something else binds it first, etcd exits ("address already in use") and a first start tries fresh
+        ports (a restart keeps its ports and data: its clients know them)."""
+        data = self.folder / "etcd"
+        fresh = not data.exists()
+        for _attempt in range(3):
+            if self._start_once():
+                return
+            if not fresh or "address already in use" not in (self.folder / "etcd.log").read_text():
+                break
+            shutil.rmtree(data, ignore_errors=True)
+            self.port, self.peer = free_port(), free_port()
+        raise RuntimeError("etcd did not start: " + (self.folder / "etcd.log").read_text()[-1000:])
+
+    def _start_once(self) -> bool:
         args = [
             "etcd",
             "--name", "test",
@@ -49,15 +64,18 @@ class EtcdServer:
         log = open(self.folder / "etcd.log", "ab")  # noqa: SIM115 (the server's stderr for its lifetime)
         self.proc = subprocess.Popen(args, stdout=log, stderr=log)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.proc.poll() is None:
             with (
                 contextlib.suppress(OSError, ValueError),
                 urllib.request.urlopen(self.url + "/health", timeout=1) as r,
             ):
                 if json.loads(r.read()).get("health") == "true":
-                    return
+                    return True
             time.sleep(0.1)
-        raise RuntimeError("etcd did not start: " + (self.folder / "etcd.log").read_text()[-1000:])
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        return False
 
     def keys(self, prefix: str) -> dict[str, str]:
         from streamd.cluster.etcd import Etcd
