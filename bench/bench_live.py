@@ -287,6 +287,25 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     }
 
 
+def start_stats(records: list[dict], ready: float, t0: float, n: int) -> dict:
+    """The warm-up before the window, from READY: how long until every stream's first line, and what the
+    daemon delivered second by second meanwhile (a start-up transient shows here, not in the window)."""
+    first: dict[str, float] = {}
+    for r in records:
+        if r["time"] >= ready:
+            first[r["stream"]] = min(first.get(r["stream"], r["time"]), r["time"])
+    firsts = sorted(t - ready for t in first.values())
+    early = {k: v for k, v in window_stats(records, ready, t0, n, float("inf")).items()
+             if k in ("per_second_fps", "drops_in_window", "p99_ms")}  # fmt: skip
+    return {
+        "streams_started": len(firsts),
+        "first_line_s": [round(firsts[0], 2), round(firsts[len(firsts) // 2], 2), round(firsts[-1], 2)]
+        if firsts
+        else None,  # earliest, median, last stream
+        **early,
+    }
+
+
 _RUNS = itertools.count(1)  # numbers the daemon logs of one bench run
 
 
@@ -385,6 +404,7 @@ def live_run(
         else:
             records = read_records(out)
         row.update(window_stats(records, t0, t1, n, per_stream_fps if realtime else float("inf")))
+        row["start"] = start_stats(records, ready_wall, t0, n)
         row["host_cpu_ms_per_frame"] = round(cpu * 1e3 / max(1, row["delivered_fps"] * (t1 - t0)), 3)
         last = samples[-1] if samples else {"rss_mb": {}, "gpu_mb": {}}
         row["rss_mb_max_process"] = max(last["rss_mb"].values() or [0])

@@ -94,7 +94,8 @@ except Exception as exc:
     print(sys.argv[2], sys.argv[3], "no result:", exc); raise SystemExit(1)
 row = r["ramp"][0]
 keys = ("streams", "delivered_fps", "detected_fps", "drops_in_window", "p50_ms", "p99_ms", "min_stream_share",
-        "min_fair_share", "engine_efficiency", "workers_started", "warmup_s", "gpu_mb_per_process", "error")
+        "min_fair_share", "engine_efficiency", "workers_started", "warmup_s", "gpu_mb_per_process", "error",
+        "per_second_fps", "start")
 print(sys.argv[2], {k: row.get(k) for k in keys}, list(row.get("warnings", {}))[:3])
 raise SystemExit(0 if r.get("largest_clean_streams") == int(sys.argv[3]) else 1)
 PY
@@ -181,7 +182,7 @@ live)
 rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; …": one live row each, no spare
     # worker (its engine build under load takes minutes); "mps:" runs the row under NVIDIA MPS
     install
-    build yolov8s rtdetr-l &
+    build ${ROWS_MODELS:-yolov8s rtdetr-l} &
     if [[ -n "${GPU_TESTS:-}" ]]; then  # GPU tests beside the build, before any live row (no contention)
         timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS >"$RES/gpu-tests.txt" 2>&1
         say "GPU tests rc=$? in $SECONDS s"; tail -8 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
