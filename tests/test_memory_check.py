@@ -131,3 +131,31 @@ def test_the_estimate_is_within_20_percent_of_measured_workers(
     got = memory.worker_mb(engine, [memory.PIXELS_1080P] * cameras)
     mean = sum(measured) / len(measured)
     assert abs(got - mean) <= 0.2 * mean, (got, mean)
+
+
+# engine.compile, thirteenth session (RESULTS "Compiled YOLOv8s workers live", tree 8304378): YOLOv8s at
+# batch 16, 24 cameras per worker, compiled workers (96 cameras over 4, 120 over 5).
+MEASURED_COMPILED = [
+    (YOLOV8S_MB, 16, 1, 24, [5935, 6015, 6099, 7671]),
+    (YOLOV8S_MB, 16, 1, 24, [5917, 6267, 6423, 6711, 6827]),
+]
+
+
+@pytest.mark.parametrize(("file_mb", "batch", "lanes", "cameras", "measured"), MEASURED_COMPILED)
+def test_the_estimate_of_compiled_workers_is_within_20_percent(
+    file_mb: float, batch: int, lanes: int, cameras: int, measured: list[int]
+) -> None:
+    engine = memory.COMPILE_MB + memory.engine_mb_for(file_mb, (640, 640), batch, lanes)
+    got = memory.worker_mb(engine, [memory.PIXELS_1080P] * cameras)
+    mean = sum(measured) / len(measured)
+    assert abs(got - mean) <= 0.2 * mean, (got, mean)
+
+
+def test_engine_compile_costs_memory_only_on_the_torch_engine(tmp_path) -> None:
+    plain, _ = _config(tmp_path, 1, "")
+    compiled, _ = _config(tmp_path, 1, "", "  compile: true\n")
+    _, path = _config(tmp_path, 1, "", "  compile: true\n")
+    path.write_text(path.read_text().replace("type: torch", "type: tensorrt"))
+    trt = load_config(path)
+    assert memory.engine_mb(compiled) == pytest.approx(memory.engine_mb(plain) + memory.COMPILE_MB)
+    assert memory.engine_mb(trt) == pytest.approx(memory.engine_mb(plain))

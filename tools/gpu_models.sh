@@ -22,12 +22,14 @@
 # Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
-# Env for live rows: TASKSET (cores the daemon is pinned to). The twelfth session ran the 1.3x overload row,
-# the 8-core rows, `memory` and `ceiling` (bench/RESULTS.md "Overload, 8 cores, memory and engine.compile").
-# Next: YOLOv8s with engine.compile in live rows (its engine is 1.38x faster compiled; start-up ≈ 82 s each):
-#   ROWS="yolov8s 96 --workers 4 --batch 32 --compile --engine-img-s 4506; yolov8s 120 --workers 5 --batch 32 \
-#         --compile --engine-img-s 4506 --start-timeout 420" LIVE_TIMEOUT_S=540 tools/gpu_models.sh rows
-# and a worker's memory broken down by start-up step (point 5's 1.5 GB per worker).
+# Env for live rows: TASKSET (cores the daemon is pinned to), ROWS_MODELS (zoo families to build; default
+# yolov8s rtdetr-l). The thirteenth session ran compiled YOLOv8s rows (96 clean at warm-up 20 s; 120 at the
+# full rate but p99 1 s without MPS) and memory variants (bench/RESULTS.md "Compiled YOLOv8s workers live").
+# Next, in this order (a cold start costs ~3 min of device time; chain calls, the machine idles out in 30 s):
+#   1. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 5 --batch 16 --compile --engine-img-s 4506 \
+#        --warmup 20 --start-timeout 240" tools/gpu_models.sh rows      # 120 under MPS after the ramp
+#   2. ROWS_MODELS=rtdetr-l GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k compile" GPU_TESTS_S=400 \
+#        ROWS="" tools/gpu_models.sh rows; CEIL_MODELS=rtdetr-l tools/gpu_models.sh ceiling
 # Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
 # torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
@@ -184,7 +186,7 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; �
     install
     build ${ROWS_MODELS:-yolov8s rtdetr-l} &
     if [[ -n "${GPU_TESTS:-}" ]]; then  # GPU tests beside the build, before any live row (no contention)
-        timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider $GPU_TESTS >"$RES/gpu-tests.txt" 2>&1
+        timeout "${GPU_TESTS_S:-240}" python3 -m pytest -v -p no:cacheprovider $GPU_TESTS >"$RES/gpu-tests.txt" 2>&1
         say "GPU tests rc=$? in $SECONDS s"; tail -8 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
     fi
     wait

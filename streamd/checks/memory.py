@@ -39,6 +39,11 @@ CAMERA_MB_1080P = 60.0
 # large). fp32 doubles it.
 ACTIVATION_MB_PER_MPIX = 70.0
 ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
+# engine.compile (torch engine): what a compiled worker held beyond the uncompiled estimate in the thirteenth
+# session's live rows (bench/RESULTS.md "Compiled YOLOv8s workers live"; YOLOv8s batch 16, 24 cameras per
+# worker, 9 workers: 5,917-7,671 MB, mean 6,429 against 3,865 estimated uncompiled). Why is not measured
+# (bench_engines' single compiled engine held 5 % less than graphs alone); one model, so a constant.
+COMPILE_MB = 2560.0
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
 PIXELS_1080P = 1920 * 1080
@@ -137,7 +142,9 @@ def engine_mb(config: Config) -> float:
     except OSError:  # check --no-model: the file may not be here
         file_mb = 0.0
     bits16 = e.precision in ("fp16", "bf16", "int8")
-    return engine_mb_for(file_mb, m.input_size, max(config.pipeline.batch_size, 1), e.lanes, bits16)
+    compiled = COMPILE_MB if e.compile and e.type in ("auto", "torch") else 0.0
+    batch = max(config.pipeline.batch_size, 1)
+    return compiled + engine_mb_for(file_mb, m.input_size, batch, e.lanes, bits16)
 
 
 def engine_mb_for(

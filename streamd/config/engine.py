@@ -39,8 +39,8 @@ class EngineConfig:
     compile: bool = opt(
         False,
         "torch engine on a GPU: run the model through torch.compile (Inductor fuses the small ops between "
-        "the convolutions); faster inference for about 1.5 minutes of compiling at a first start; a model it "
-        "cannot trace runs uncompiled, with a warning",
+        "the convolutions); faster inference for about 1.5 minutes of compiling at a first start and about "
+        "2.5 GB more GPU memory per worker; a model it cannot trace runs uncompiled, with a warning",
     )
     threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
     verify: bool = opt(
