@@ -13,7 +13,10 @@ build shapes from the batch size at run time (RT-DETR's Reshape, Tile and Expand
 the placement keeps on the host as int64 tensors) are compiled from a copy whose shape arithmetic is Python
 ints (``pythonize_shapes``): Dynamo traces those as SymInts. (Hiding the ops from Dynamo instead,
 ``torch.compiler.disable``, made it re-trace the rest of the graph at each of ~175 breaks: 527 s for the tiny
-RT-DETR's batch 1 on a CPU core.) ``compile_checked`` compiles at start-up, on probe batches, and falls back
+RT-DETR's batch 1 on a CPU core.) Ops that read constant parameter inputs with ``.item()``/``.tolist()``
+(Slice bounds, TopK's k, Split sizes, Pad pads, Squeeze axes, Resize scales) become plain torch calls with
+Python arguments (``freeze_constant_args``), so Dynamo traces YOLOv8s and RT-DETR in one graph, no break.
+``compile_checked`` compiles at start-up, on probe batches, and falls back
 to the uncompiled module with the reason when the compile fails: ``engine.compile: true`` never stops a
 worker.
 """
@@ -59,6 +62,159 @@ def freeze_reshapes(module: Any) -> int:
     return count
 
 
+# -- constant operands as Python values (what removes Dynamo's graph breaks) ---------------------------------
+# onnx2torch's Slice, TopK, Split, Pad and Squeeze take their parameters (starts, k, split sizes, pads, axes)
+# as tensor inputs and read them with .item()/.tolist() at every call: Dynamo breaks the graph there
+# (YOLOv8s's DFL head: 1 break; the tiny RT-DETR: 13 of its 18). Where those inputs are small constants, the
+# op becomes a plain torch call with Python arguments, computing the same.
+
+
+def _sliced(x: Any, flip: list[int], pos: list[Any], neg: list[Any]) -> Any:
+    import torch
+
+    if flip:
+        x = torch.flip(x, dims=flip)
+    if pos:
+        x = x[tuple(slice(*s) for s in pos)]
+    if neg:
+        x = x[(Ellipsis, *(slice(*s) for s in neg))]
+    return x
+
+
+def _topk(x: Any, k: int, dim: int, largest: bool, ordered: bool) -> tuple[Any, Any]:
+    import torch
+
+    top = torch.topk(x, k=k, dim=dim, largest=largest, sorted=ordered)
+    return top.values, top.indices
+
+
+def _split(x: Any, sizes: list[int], dim: int) -> Any:
+    import torch
+
+    return torch.split(x, sizes, dim=dim)
+
+
+def _pad(x: Any, pads: list[int], mode: str, value: float | None) -> Any:
+    from torch.nn import functional
+
+    return functional.pad(x, mode=mode, pad=pads, value=value)
+
+
+def _squeeze(x: Any, axes: list[int]) -> Any:
+    import torch
+
+    if not axes:
+        return torch.squeeze(x)
+    for axis in sorted(axes, reverse=True):
+        x = torch.squeeze(x, dim=axis)
+    return x
+
+
+def _ints(values: Any) -> list[Any]:
+    return [None if v is None else int(v) for v in values]
+
+
+def _slice_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+    from onnx2torch.node_converters.slice import _get_slices
+
+    if len(c) < 2 or c[0] is None or c[1] is None:
+        return None
+    c = c + [None] * (4 - len(c))
+    flip, pos, neg = _get_slices(*c)
+    triple = lambda s: _ints((s.start, s.stop, s.step))  # noqa: E731
+    return _sliced, [_ints(flip), [triple(s) for s in pos], [triple(s) for s in neg if s is not Ellipsis]]
+
+
+def _topk_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+    if len(c) != 1 or c[0] is None or c[0].numel() != 1:
+        return None
+    return _topk, [int(c[0].reshape(-1)[0]), int(sub.dim), bool(sub.largest), bool(sub.sorted)]
+
+
+def _split_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+    if len(c) != 1 or c[0] is None:
+        return None
+    return _split, [_ints(c[0].tolist()), int(sub.axis)]
+
+
+def _pad_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+    from onnx2torch.node_converters.pad import _onnx_padding_to_torch, _torch_padding_to_mode_format
+
+    if not 1 <= len(c) <= 2 or c[0] is None:
+        return None
+    value: float | None = 0.0  # the module's default when the input is absent
+    if len(c) == 2 and c[1] is None:
+        value = None
+    elif len(c) == 2:
+        if c[1].numel() != 1:
+            return None
+        value = float(c[1].reshape(-1)[0])
+    pads = _torch_padding_to_mode_format(_onnx_padding_to_torch(c[0].tolist()), sub.mode)
+    return _pad, [_ints(pads), sub.mode, value]
+
+
+def _squeeze_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+    if len(c) > 1:
+        return None
+    return _squeeze, [_ints(c[0].tolist()) if c and c[0] is not None else []]
+
+
+_CONSTANT_OPS: dict[str, Callable[[Any, list[Any]], tuple[Callable[..., Any], list[Any]] | None]] = {
+    "OnnxSlice": _slice_call,
+    "OnnxTopK": _topk_call,
+    "OnnxSplit13": _split_call,
+    "OnnxPadDynamic": _pad_call,
+    "OnnxSqueezeDynamicAxes": _squeeze_call,
+}
+
+
+def freeze_constant_args(module: Any) -> int:
+    """Rewrite the ops of ``_CONSTANT_OPS`` whose parameter inputs are small constants into plain torch calls
+    with Python arguments, and hand the exact Resize its constant roi/scales/sizes as lists; returns how many.
+    Host-valued nodes (shape arithmetic: ``pythonize_shapes``' business) are left alone."""
+    import torch
+
+    from streamd.engines.torch_place import host_valued
+
+    graph = module.graph
+    host = host_valued(module)
+    count = 0
+
+    def small(a: Any) -> Any:  # a constant input as a host tensor; None when it is not one
+        value = _constant(module, a) if getattr(a, "op", None) == "get_attr" else None
+        ok = isinstance(value, torch.Tensor) and value.numel() <= 64
+        return value.detach().cpu() if ok else None
+
+    for node in list(graph.nodes):
+        if node.op != "call_module" or node in host or not node.args:
+            continue
+        sub = module.get_submodule(node.target)
+        kind = type(sub).__name__
+        rest = [*node.args[1:], *node.kwargs.values()]
+        consts = [None if a is None else small(a) for a in rest]
+        if any(c is None and a is not None for a, c in zip(rest, consts, strict=True)):
+            continue
+        if kind == "ExactResize":  # our module: it takes lists (the graph keeps the call)
+            lists = [None if c is None else c.tolist() for c in consts]
+            n = len(node.args) - 1
+            node.kwargs = dict(zip(node.kwargs, lists[n:], strict=True))
+            node.args = (node.args[0], *lists[:n])
+            count += 1
+        elif kind in _CONSTANT_OPS and not node.kwargs:  # onnx2torch passes inputs after a gap as kwargs
+            try:
+                call = _CONSTANT_OPS[kind](sub, consts)
+            except (ImportError, AttributeError, TypeError, ValueError):  # another onnx2torch: leave it
+                call = None
+            if call is not None:
+                _replace(graph, node, call[0], [node.args[0], *call[1]])
+                count += 1
+    graph.eliminate_dead_code()
+    graph.lint()
+    module.delete_all_unused_submodules()
+    module.recompile()
+    return count
+
+
 def compile_module(module: Any, backend: str = "inductor") -> Any:
     """``module`` (an fx.GraphModule, placed) ready for ``torch.compile``; the compiled callable. The compile
     itself happens at its first call."""
@@ -75,11 +231,13 @@ def compile_checked(
     """``module`` compiled and ``run(compiled, batch)`` once per batch size given (batch 1 is specialised,
     one size from 2 up compiles the dynamic graph): (the compiled callable, None), or (``module`` itself,
     uncompiled, and why) when compiling or running it fails. ``module`` keeps ``freeze_reshapes``' rewrite
-    either way (the same computation)."""
+    either way, and ``freeze_constant_args``' where no pythonized copy was made (the same computation)."""
     try:
         freeze_reshapes(module)  # first: constant reshapes need no shape arithmetic rewritten
         # RT-DETR-like models: their run-time shape arithmetic as Python ints (None for all others)
-        compiled = compile_module(pythonize_shapes(module) or module, backend)
+        target = pythonize_shapes(module) or module
+        freeze_constant_args(target)  # after: shape arithmetic (host values) is pythonize_shapes' to rewrite
+        compiled = compile_module(target, backend)
         for batch in batches:
             run(compiled, batch)
     except Exception as exc:  # Dynamo/Inductor raise many types; none may stop the worker

@@ -220,7 +220,9 @@ def exact_resize_class() -> type:
             scales: torch.Tensor | None = None,
             sizes: torch.Tensor | None = None,
         ) -> torch.Tensor:
-            def host(t: torch.Tensor | None) -> list[Any] | None:
+            def host(t: torch.Tensor | list[Any] | None) -> list[Any] | None:
+                if isinstance(t, list):  # torch_compile.freeze_constant_args passes constants as lists
+                    return t or None
                 return t.tolist() if t is not None and t.numel() else None
 
             x = input_tensor
