@@ -77,7 +77,8 @@ def _sliced(x: Any, flip: list[int], pos: list[Any], neg: list[Any]) -> Any:
     if pos:
         x = x[tuple(slice(*s) for s in pos)]
     if neg:
-        x = x[(Ellipsis, *(slice(*s) for s in neg))]
+        index = [Ellipsis, *(slice(*s) for s in neg)]
+        x = x[tuple(index)]
     return x
 
 
@@ -182,8 +183,9 @@ def freeze_constant_args(module: Any) -> int:
 
     def small(a: Any) -> Any:  # a constant input as a host tensor; None when it is not one
         value = _constant(module, a) if getattr(a, "op", None) == "get_attr" else None
-        ok = isinstance(value, torch.Tensor) and value.numel() <= 64
-        return value.detach().cpu() if ok else None
+        if isinstance(value, torch.Tensor) and value.numel() <= 64:
+            return value.detach().cpu()
+        return None
 
     for node in list(graph.nodes):
         if node.op != "call_module" or node in host or not node.args:
