@@ -111,6 +111,12 @@ def _squeeze(x: Any, axes: list[int]) -> Any:
     return x
 
 
+def _broadcast(x: Any, shape: list[int]) -> Any:
+    import torch
+
+    return x * torch.ones(shape, dtype=x.dtype, device=x.device)  # onnx2torch's Expand, to the letter
+
+
 def _ints(values: Any) -> list[Any]:
     return [None if v is None else int(v) for v in values]
 
@@ -158,63 +164,6 @@ def _squeeze_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]
     if len(c) > 1:
         return None
     return _squeeze, [_ints(c[0].tolist()) if c and c[0] is not None else []]
-
-
-_CONSTANT_OPS: dict[str, Callable[[Any, list[Any]], tuple[Callable[..., Any], list[Any]] | None]] = {
-    "OnnxSlice": _slice_call,
-    "OnnxTopK": _topk_call,
-    "OnnxSplit13": _split_call,
-    "OnnxPadDynamic": _pad_call,
-    "OnnxSqueezeDynamicAxes": _squeeze_call,
-}
-
-
-def freeze_constant_args(module: Any) -> int:
-    """Rewrite the ops of ``_CONSTANT_OPS`` whose parameter inputs are small constants into plain torch calls
-    with Python arguments, and hand the exact Resize its constant roi/scales/sizes as lists; returns how many.
-    Host-valued nodes (shape arithmetic: ``pythonize_shapes``' business) are left alone."""
-    import torch
-
-    from streamd.engines.torch_place import host_valued
-
-    graph = module.graph
-    host = host_valued(module)
-    count = 0
-
-    def small(a: Any) -> Any:  # a constant input as a host tensor; None when it is not one
-        value = _constant(module, a) if getattr(a, "op", None) == "get_attr" else None
-        if isinstance(value, torch.Tensor) and value.numel() <= 64:
-            return value.detach().cpu()
-        return None
-
-    for node in list(graph.nodes):
-        if node.op != "call_module" or node in host or not node.args:
-            continue
-        sub = module.get_submodule(node.target)
-        kind = type(sub).__name__
-        rest = [*node.args[1:], *node.kwargs.values()]
-        consts = [None if a is None else small(a) for a in rest]
-        if any(c is None and a is not None for a, c in zip(rest, consts, strict=True)):
-            continue
-        if kind == "ExactResize":  # our module: it takes lists (the graph keeps the call)
-            lists = [None if c is None else c.tolist() for c in consts]
-            n = len(node.args) - 1
-            node.kwargs = dict(zip(node.kwargs, lists[n:], strict=True))
-            node.args = (node.args[0], *lists[:n])
-            count += 1
-        elif kind in _CONSTANT_OPS and not node.kwargs:  # onnx2torch passes inputs after a gap as kwargs
-            try:
-                call = _CONSTANT_OPS[kind](sub, consts)
-            except (ImportError, AttributeError, TypeError, ValueError):  # another onnx2torch: leave it
-                call = None
-            if call is not None:
-                _replace(graph, node, call[0], [node.args[0], *call[1]])
-                count += 1
-    graph.eliminate_dead_code()
-    graph.lint()
-    module.delete_all_unused_submodules()
-    module.recompile()
-    return count
 
 
 def compile_module(module: Any, backend: str = "inductor") -> Any:
@@ -446,3 +395,78 @@ def pythonize_shapes(module: Any) -> Any | None:
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm
+
+
+# -- the constant ops' table (after the shape readers it uses) ----------------------------------------------
+
+
+def _shape_call(target: Callable[..., Any]) -> Callable[[Any, list[Any]], Any]:
+    """Reshape (its constant targets with a 0, "copy this dimension": freeze_reshapes leaves those), Tile
+    and Expand to a constant shape: onnx2torch builds a torch.Size from the tensor, which Dynamo cannot."""
+
+    def call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]] | None:
+        if len(c) != 1 or c[0] is None or c[0].dim() != 1:
+            return None
+        return target, [_ints(c[0].tolist())]
+
+    return call
+
+
+_CONSTANT_OPS: dict[str, Callable[[Any, list[Any]], tuple[Callable[..., Any], list[Any]] | None]] = {
+    "OnnxReshape": _shape_call(_reshape),
+    "OnnxTile": _shape_call(_tile),
+    "OnnxExpand": _shape_call(_broadcast),
+    "OnnxSlice": _slice_call,
+    "OnnxTopK": _topk_call,
+    "OnnxSplit13": _split_call,
+    "OnnxPadDynamic": _pad_call,
+    "OnnxSqueezeDynamicAxes": _squeeze_call,
+}
+
+
+def freeze_constant_args(module: Any) -> int:
+    """Rewrite the ops of ``_CONSTANT_OPS`` whose parameter inputs are small constants into plain torch calls
+    with Python arguments, and hand the exact Resize its constant roi/scales/sizes as lists; returns how many.
+    Host-valued nodes (shape arithmetic: ``pythonize_shapes``' business) are left alone."""
+    import torch
+
+    from streamd.engines.torch_place import host_valued
+
+    graph = module.graph
+    host = host_valued(module)
+    count = 0
+
+    def small(a: Any) -> Any:  # a constant input as a host tensor; None when it is not one
+        value = _constant(module, a) if getattr(a, "op", None) == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.numel() <= 64:
+            return value.detach().cpu()
+        return None
+
+    for node in list(graph.nodes):
+        if node.op != "call_module" or node in host or not node.args:
+            continue
+        sub = module.get_submodule(node.target)
+        kind = type(sub).__name__
+        rest = [*node.args[1:], *node.kwargs.values()]
+        consts = [None if a is None else small(a) for a in rest]
+        if any(c is None and a is not None for a, c in zip(rest, consts, strict=True)):
+            continue
+        if kind == "ExactResize":  # our module: it takes lists (the graph keeps the call)
+            lists = [None if c is None else c.tolist() for c in consts]
+            n = len(node.args) - 1
+            node.kwargs = dict(zip(node.kwargs, lists[n:], strict=True))
+            node.args = (node.args[0], *lists[:n])
+            count += 1
+        elif kind in _CONSTANT_OPS and not node.kwargs:  # onnx2torch passes inputs after a gap as kwargs
+            try:
+                call = _CONSTANT_OPS[kind](sub, consts)
+            except (ImportError, AttributeError, TypeError, ValueError):  # another onnx2torch: leave it
+                call = None
+            if call is not None:
+                _replace(graph, node, call[0], [node.args[0], *call[1]])
+                count += 1
+    graph.eliminate_dead_code()
+    graph.lint()
+    module.delete_all_unused_submodules()
+    module.recompile()
+    return count

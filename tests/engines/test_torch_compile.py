@@ -115,12 +115,24 @@ def test_the_gpu_placements_shape_op_keeps_its_bounds_for_the_rewrite(torch_read
     assert op(x).tolist() == _shape(x, op._start, op._end) == [3, 4]
 
 
-CONSTANT_KINDS = {"OnnxSlice", "OnnxTopK", "OnnxSplit13", "OnnxPadDynamic", "OnnxSqueezeDynamicAxes"}
+CONSTANT_KINDS = {
+    "OnnxSlice",
+    "OnnxTopK",
+    "OnnxSplit13",
+    "OnnxPadDynamic",
+    "OnnxSqueezeDynamicAxes",
+    "OnnxExpand",
+}
 
 
 @pytest.mark.parametrize(
     ("name", "rewrites"),
-    [("yolov8s-tiny-160-dyn.onnx", 12), ("rtdetr-l-tiny-160-dyn.onnx", 19), ("yolox-s-tiny-160-dyn.onnx", 6)],
+    [
+        ("yolov8s-tiny-160-dyn.onnx", 12),
+        ("rtdetr-l-tiny-160-dyn.onnx", 19),
+        ("yolox-s-tiny-160-dyn.onnx", 6),
+        ("yolo26s-tiny-160-dyn.onnx", 20),  # its Expand to a constant shape: Dynamo failed on it before
+    ],
 )
 def test_constant_operands_become_python_values_and_compute_the_same(torch_ready, name: str, rewrites: int):
     """freeze_constant_args: the Slice/TopK/Split/Pad/Squeeze whose parameter inputs are constants (what
@@ -146,13 +158,16 @@ def test_constant_operands_become_python_values_and_compute_the_same(torch_ready
         torch.testing.assert_close(after[batch], before[batch], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["yolov8s-tiny-160-dyn.onnx", "rtdetr-l-tiny-160-dyn.onnx"])
+@pytest.mark.parametrize(
+    "name", ["yolov8s-tiny-160-dyn.onnx", "rtdetr-l-tiny-160-dyn.onnx", "yolo26s-tiny-160-dyn.onnx"]
+)
 def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready, name: str):
     """With its shape arithmetic as Python ints and its constant operands as Python values, Dynamo traces
-    YOLOv8s and RT-DETR whole: one graph for batch 1 and one dynamic graph that batch 3 reuses, no break
-    (before this rewrite: 5 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace took 43 s here
-    instead of 5), and compile_checked's compiled module (Dynamo with a backend that runs the traced graphs
-    as they are) computes exactly what the uncompiled one does."""
+    YOLOv8s, RT-DETR and YOLO26 (NMS-free) whole: one graph for batch 1 and one dynamic graph that batch 3
+    reuses, no break (before this rewrite: 5 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
+    took 43 s here instead of 5; YOLO26's constant Expand failed the trace), and compile_checked's compiled
+    module (Dynamo with a backend that runs the traced graphs as they are) computes exactly what the
+    uncompiled one does."""
     import torch
 
     from streamd.engines.torch_compile import compile_checked
