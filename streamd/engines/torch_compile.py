@@ -452,7 +452,7 @@ def freeze_constant_args(module: Any) -> int:
         if any(c is None and a is not None for a, c in zip(rest, consts, strict=True)):
             continue
         if kind == "ExactResize":  # our module: it takes lists (the graph keeps the call)
-            lists = [None if c is None else c.tolist() for c in consts]
+            lists = [None if c is None else c.reshape(-1).tolist() for c in consts]
             n = len(node.args) - 1
             node.kwargs = dict(zip(node.kwargs, lists[n:], strict=True))
             node.args = (node.args[0], *lists[:n])
@@ -460,7 +460,7 @@ def freeze_constant_args(module: Any) -> int:
         elif kind in _CONSTANT_OPS and not node.kwargs:  # onnx2torch passes inputs after a gap as kwargs
             try:
                 call = _CONSTANT_OPS[kind](sub, consts)
-            except (ImportError, AttributeError, TypeError, ValueError):  # another onnx2torch: leave it
+            except Exception:  # another onnx2torch, an input the op itself refuses: leave the node as it is
                 call = None
             if call is not None:
                 _replace(graph, node, call[0], [node.args[0], *call[1]])
