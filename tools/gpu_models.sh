@@ -29,7 +29,10 @@
 #   1. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 5 --batch 16 --compile --engine-img-s 4506 \
 #        --warmup 20 --start-timeout 240" tools/gpu_models.sh rows      # 120 under MPS after the ramp
 #   2. ROWS_MODELS=rtdetr-l GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k compile" GPU_TESTS_S=400 \
-#        ROWS="" tools/gpu_models.sh rows; CEIL_MODELS=rtdetr-l tools/gpu_models.sh ceiling
+#        ROWS="" tools/gpu_models.sh rows; CEIL_MODELS=rtdetr-l tools/gpu_models.sh ceiling   # one graph now
+#   3. tools/gpu_models.sh host (carry .whl-spy): the per-frame GIL holders on NVDEC, never profiled
+#   4. ROWS="yolov8s 120 --workers 4 --batch 32 --compile --engine-img-s 4506 --warmup 20" (fewer, fuller
+#      workers: 30 cameras each is a worker's host limit)
 # Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
 # torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
