@@ -1,7 +1,8 @@
-"""``engine.compile`` on the CPU: the graph rewrite (the bundled model's constant reshapes become plain
-``torch.reshape`` calls, what lets Dynamo trace it, computing exactly what it did before), and the fallback
-when Dynamo cannot trace a model (real Dynamo, its eager backend: no Inductor code generation here). The
-compile itself runs on the GPU (tests/engines/gpu/test_torch_engine_gpu.py, fp16-compiled)."""
+"""``engine.compile`` on the CPU: the graph rewrites that let Dynamo trace converted models — constant
+reshapes as plain ``torch.reshape`` calls, RT-DETR's shape arithmetic as Python ints, constant operands as
+Python values — each computing exactly what the model did before. Dynamo itself runs in
+tests/engines/test_torch_compile_dynamo.py; the compile with Inductor on the GPU
+(tests/engines/gpu/test_torch_engine_gpu.py, fp16-compiled)."""
 
 from __future__ import annotations
 
@@ -54,27 +55,6 @@ def _runner(chw, outputs: dict):
             outputs[batch] = module(x)
 
     return run
-
-
-def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready, monkeypatch):
-    """RT-DETR builds its Reshape/Tile targets from the batch size at run time (on the host): as converted,
-    Dynamo fails on them (the H200 run of bench_engines, twelfth session). With its shape arithmetic left
-    as host tensors (pythonize_shapes off), compile_checked must hand back the uncompiled module, still
-    computing what it did, and say why — not let the first pipeline call raise."""
-    import torch
-
-    from streamd.engines import torch_compile
-
-    monkeypatch.setattr(torch_compile, "pythonize_shapes", lambda module: None)
-    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
-    before: dict = {}
-    _runner(chw, before)(module, 2)
-    got, why = torch_compile.compile_checked(module, _runner(chw, {}), [2], backend="eager")
-    assert got is module
-    assert why is not None and "torch.Size" in why, why
-    after: dict = {}
-    _runner(chw, after)(got, 2)
-    torch.testing.assert_close(after[2], before[2], rtol=0, atol=0)
 
 
 def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch_ready):
@@ -159,38 +139,6 @@ def test_constant_operands_become_python_values_and_compute_the_same(torch_ready
         after: dict = {}
         _runner(chw, after)(target, batch)
         torch.testing.assert_close(after[batch], before[batch], rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(
-    "name", ["yolov8s-tiny-160-dyn.onnx", "rtdetr-l-tiny-160-dyn.onnx", "yolo26s-tiny-160-dyn.onnx"]
-)
-def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready, name: str):
-    """With its shape arithmetic as Python ints and its constant operands as Python values, Dynamo traces
-    YOLOv8s, RT-DETR and YOLO26 (NMS-free) whole: one graph for batch 1 and one dynamic graph that batch 3
-    reuses, no break (before this rewrite: 5 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
-    took 43 s here instead of 5; YOLO26's constant Expand failed the trace), and compile_checked's compiled
-    module (Dynamo with a backend that runs the traced graphs as they are) computes exactly what the
-    uncompiled one does."""
-    import torch
-
-    from streamd.engines.torch_compile import compile_checked
-
-    module, chw = _placed(name)
-    plain: dict = {}
-    for batch in (1, 2, 3):
-        _runner(chw, plain)(module, batch)
-    graphs: list = []
-
-    def backend(gm, _inputs):  # what Dynamo hands a backend: one call per graph it traced
-        graphs.append(gm)
-        return gm.forward
-
-    compiled_out: dict = {}
-    compiled, why = compile_checked(module, _runner(chw, compiled_out), [1, 2, 3], backend=backend)
-    assert why is None and compiled is not module
-    assert len(graphs) == 2, [g.graph for g in graphs]
-    for batch in (1, 2, 3):
-        torch.testing.assert_close(compiled_out[batch], plain[batch], rtol=0, atol=0)
 
 
 def _one_op(op, x_shape, consts):

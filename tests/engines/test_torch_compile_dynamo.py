@@ -1,0 +1,63 @@
+"""``engine.compile`` through real Dynamo on the CPU (a backend that runs the traced graphs as they are: no
+Inductor code generation here), the slow part of tests/engines/test_torch_compile.py kept in a file of its own
+so that the parallel test run spreads it: the fallback when Dynamo cannot trace a model, and the one-graph
+trace that ``pythonize_shapes`` and ``freeze_constant_args`` make possible."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engines.test_torch_compile import _placed, _runner
+
+
+def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready, monkeypatch):
+    """RT-DETR builds its Reshape/Tile targets from the batch size at run time (on the host): as converted,
+    Dynamo fails on them (the H200 run of bench_engines, twelfth session). With its shape arithmetic left
+    as host tensors (pythonize_shapes off), compile_checked must hand back the uncompiled module, still
+    computing what it did, and say why — not let the first pipeline call raise."""
+    import torch
+
+    from streamd.engines import torch_compile
+
+    monkeypatch.setattr(torch_compile, "pythonize_shapes", lambda module: None)
+    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
+    before: dict = {}
+    _runner(chw, before)(module, 2)
+    got, why = torch_compile.compile_checked(module, _runner(chw, {}), [2], backend="eager")
+    assert got is module
+    assert why is not None and "torch.Size" in why, why
+    after: dict = {}
+    _runner(chw, after)(got, 2)
+    torch.testing.assert_close(after[2], before[2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "name", ["yolov8s-tiny-160-dyn.onnx", "rtdetr-l-tiny-160-dyn.onnx", "yolo26s-tiny-160-dyn.onnx"]
+)
+def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready, name: str):
+    """With its shape arithmetic as Python ints and its constant operands as Python values, Dynamo traces
+    YOLOv8s, RT-DETR and YOLO26 (NMS-free) whole: one dynamic graph for batch 2 that batch 3 reuses, no
+    break (before this rewrite: 5 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
+    took 43 s here instead of 5; YOLO26's constant Expand failed the trace), and compile_checked's compiled
+    module (Dynamo with a backend that runs the traced graphs as they are) computes exactly what the
+    uncompiled one does."""
+    import torch
+
+    from streamd.engines.torch_compile import compile_checked
+
+    module, chw = _placed(name)
+    plain: dict = {}
+    for batch in (2, 3):
+        _runner(chw, plain)(module, batch)
+    graphs: list = []
+
+    def backend(gm, _inputs):  # what Dynamo hands a backend: one call per graph it traced
+        graphs.append(gm)
+        return gm.forward
+
+    compiled_out: dict = {}
+    compiled, why = compile_checked(module, _runner(chw, compiled_out), [2, 3], backend=backend)
+    assert why is None and compiled is not module
+    assert len(graphs) == 1, [g.graph for g in graphs]  # (batch 1, specialised, would be a second)
+    for batch in (2, 3):
+        torch.testing.assert_close(compiled_out[batch], plain[batch], rtol=0, atol=0)
