@@ -270,6 +270,7 @@ LONG_FILES = (
     "tests/sinks/test_redis_sink.py",
     "tests/analytics/test_end_of_stream.py",
     "tests/test_packaging.py",
+    "tests/engines/test_torch_compile_dynamo.py",
     "tests/decode/test_cpu_decoder.py",
     "tests/test_reference_detections.py",
     "tests/service/test_seccomp_run.py",
