@@ -37,7 +37,7 @@ def test_a_model_dynamo_cannot_trace_runs_uncompiled_with_the_reason(torch_ready
 def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready, name: str):
     """With its shape arithmetic as Python ints and its constant operands as Python values, Dynamo traces
     YOLOv8s, RT-DETR and YOLO26 (NMS-free) whole: one dynamic graph for batch 2 that batch 3 reuses, no
-    break (before this rewrite: 5 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
+    break (before this rewrite: 16 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
     took 43 s here instead of 5; YOLO26's constant Expand failed the trace), and compile_checked's compiled
     module (Dynamo with a backend that runs the traced graphs as they are) computes exactly what the
     uncompiled one does."""
