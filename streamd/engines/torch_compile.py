@@ -64,9 +64,10 @@ def freeze_reshapes(module: Any) -> int:
 
 # -- constant operands as Python values (what removes Dynamo's graph breaks) ---------------------------------
 # onnx2torch's Slice, TopK, Split, Pad and Squeeze take their parameters (starts, k, split sizes, pads, axes)
-# as tensor inputs and read them with .item()/.tolist() at every call: Dynamo breaks the graph there
-# (YOLOv8s's DFL head: 1 break; the tiny RT-DETR: 13 of its 18). Where those inputs are small constants, the
-# op becomes a plain torch call with Python arguments, computing the same.
+# as tensor inputs and read them with .item()/.tolist() at every call, and its Reshape, Tile and Expand build
+# a torch.Size from one: Dynamo breaks the graph there, or fails (the tiny zoo models: YOLOv8s 15 breaks,
+# RT-DETR 18, YOLO26's Expand a failure). Where those inputs are small constants, the op becomes a plain
+# torch call with Python arguments, computing the same (the table is at the end of the module).
 
 
 def _sliced(x: Any, flip: list[int], pos: list[Any], neg: list[Any]) -> Any:
