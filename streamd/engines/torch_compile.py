@@ -37,6 +37,14 @@ def _constant(module: Any, node: Any) -> Any:
     return getattr(owner, attr)
 
 
+def _tidy(module: Any) -> None:
+    """After a rewrite: drop what no node reads any more, check the graph, regenerate the module's code."""
+    module.graph.eliminate_dead_code()
+    module.graph.lint()
+    module.delete_all_unused_submodules()
+    module.recompile()
+
+
 def freeze_reshapes(module: Any) -> int:
     """Rewrite every ``OnnxReshape`` whose shape is a constant without 0 entries (ONNX's "copy this input
     dimension") into ``torch.reshape(x, dims)``; returns how many. A -1 stays: torch reads it the same way."""
@@ -55,10 +63,7 @@ def freeze_reshapes(module: Any) -> int:
             continue
         _replace(graph, node, torch.reshape, [node.args[0], tuple(dims)])
         count += 1
-    graph.eliminate_dead_code()
-    graph.lint()
-    module.delete_all_unused_submodules()
-    module.recompile()
+    _tidy(module)
     return count
 
 
@@ -391,10 +396,7 @@ def pythonize_shapes(module: Any) -> Any | None:
             _replace(graph, node, _READERS[kind], [node.args[0], *rest])
         elif any(a in done and not (kind == "DeviceCopy" and a in tensors) for a in node.all_input_nodes):
             return None  # a host value read by an op not rewritten here
-    graph.eliminate_dead_code()
-    graph.lint()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
+    _tidy(gm)
     return gm
 
 
@@ -466,8 +468,5 @@ def freeze_constant_args(module: Any) -> int:
             if call is not None:
                 _replace(graph, node, call[0], [node.args[0], *call[1]])
                 count += 1
-    graph.eliminate_dead_code()
-    graph.lint()
-    module.delete_all_unused_submodules()
-    module.recompile()
+    _tidy(module)
     return count
