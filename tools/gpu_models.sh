@@ -253,6 +253,69 @@ for k, v in own.most_common(20):
 PY
     done
     ;;
+ramp)  # the start-up ramp (thirteenth session: last stream's first line 7.5-10 s after READY at 24 cameras a
+    # worker): one worker, RAMP_N cameras of the 1080p clip, bundled NanoDet; py-spy samples the 12 s after
+    # "ready" twice at once, GIL holders and every running thread (--threads), so the ramp's own cost shows
+    install
+    python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1 \
+        || { say "py-spy install failed"; exit 2; }
+    for n in ${RAMP_N:-24}; do
+        python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
+config_text; print(config_text(Path('$CLIP'), $n, Path('/tmp/ramp-$n.jsonl'), batch=16, workers='1', engine='torch', \
+extra='  spare_worker: false\n'))" >"/tmp/ramp-$n.yaml"
+        t0=$(date +%s.%N)
+        python3 -m streamd run "/tmp/ramp-$n.yaml" >"$RES/ramp-$n-daemon.log" 2>&1 &
+        pid=$!
+        until grep -q "streamd: ready" "$RES/ramp-$n-daemon.log" || ! kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+        t1=$(date +%s.%N)
+        /tmp/spy/bin/py-spy record --gil --threads --subprocesses --nonblocking -r 200 -d "${RAMP_S:-12}" -f raw \
+            -o "$RES/ramp-$n-gil.txt" --pid "$pid" >"$RES/ramp-$n-spy.log" 2>&1 &
+        /tmp/spy/bin/py-spy record --threads --subprocesses --nonblocking -r 200 -d "${RAMP_S:-12}" -f raw \
+            -o "$RES/ramp-$n-all.txt" --pid "$pid" >>"$RES/ramp-$n-spy.log" 2>&1
+        wait %2 2>/dev/null
+        sleep 3
+        kill -INT "$pid"; timeout 30 tail --pid="$pid" -f /dev/null || kill -9 "$pid"; wait "$pid"
+        say "ramp $n: ready after $(python3 -c "print(round($t1 - $t0, 1))") s; $(grep -h 'done:' "$RES/ramp-$n-daemon.log" | tail -1 | cut -c1-200)"
+        # each stream's first line after ready (wall clock in the lines: bench_live's own reading)
+        python3 - "/tmp/ramp-$n.jsonl" "$t1" <<'PY' | tee -a "$RES/summary.txt"
+import json, sys
+first = {}
+for line in open(sys.argv[1]):
+    try:
+        d = json.loads(line)
+    except ValueError:
+        continue
+    sid, t = d.get("stream"), d.get("wall_time") or d.get("time")
+    if sid is not None and t is not None and sid not in first:
+        first[sid] = float(t)
+ready = float(sys.argv[2])
+ts = sorted(t - ready for t in first.values())
+print("first lines after ready (s):", [round(t, 2) for t in ts])
+PY
+        for kind in gil all; do
+            python3 - "$RES/ramp-$n-$kind.txt" "$kind" <<'PY' | tee -a "$RES/summary.txt"
+import collections, re, sys
+incl, own, threads, total = collections.Counter(), collections.Counter(), collections.Counter(), 0
+for line in open(sys.argv[1]):
+    stack, n = line.rsplit(" ", 1)
+    parts = stack.split(";")
+    thread = re.sub(r"[-_ ]?\d+", "#", parts[1] if len(parts) > 1 else "?")  # "process;thread;frames…"
+    frames = [re.sub(r":\d+\)$", ")", f) for f in parts if "(" in f]
+    total += int(n)
+    threads[thread] += int(n)
+    if frames:
+        own[frames[-1]] += int(n)
+        for f in set(frames):
+            incl[f] += int(n)
+print(sys.argv[2], "samples", total, "by thread:", threads.most_common(8))
+for k, v in incl.most_common(25):
+    print(f"{v:6d} {100 * v / max(total, 1):5.1f}% incl {k[:150]}")
+for k, v in own.most_common(15):
+    print(f"{v:6d} {100 * v / max(total, 1):5.1f}% self {k[:150]}")
+PY
+        done
+    done
+    ;;
 host)  # a worker's own host cost per frame on the GPU path, with a detector that costs nothing (bench_host.py)
     install
     python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1 \
