@@ -261,7 +261,7 @@ ramp)  # the start-up ramp (thirteenth session: last stream's first line 7.5-10 
         || { say "py-spy install failed"; exit 2; }
     for n in ${RAMP_N:-24}; do
         python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
-config_text; print(config_text(Path('$CLIP'), $n, Path('/tmp/ramp-$n.jsonl'), batch=16, workers='1', engine='torch', \
+config_text; print(config_text(Path('${RAMP_CLIP:-$CLIP}'), $n, Path('/tmp/ramp-$n.jsonl'), batch=16, workers='1', engine='torch', \
 extra='  spare_worker: false\n'))" >"/tmp/ramp-$n.yaml"
         t0=$(date +%s.%N)
         python3 -m streamd run "/tmp/ramp-$n.yaml" >"$RES/ramp-$n-daemon.log" 2>&1 &
