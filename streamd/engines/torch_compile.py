@@ -359,6 +359,14 @@ def pythonize_shapes(module: Any) -> Any | None:
         kind = _kind(gm, node)
         if node.kwargs and (node in host or kind in _READERS):
             return None  # onnx2torch passes inputs after a skipped one as kwargs: not rewritten here
+        if kind == "DeviceCopy" and node.args[0] in done:
+            # the placement's copy of a host value for a device op (on a GPU only: RT-DETR's Range over the
+            # batch feeding a Tile); rewritten, that value is made on the device already (_range)
+            if node.args[0] not in tensors:
+                return None
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            continue
         if node in host:
             sub = gm.get_submodule(node.target) if node.op == "call_module" else None
             args = _python_args(gm, node.args, done)
@@ -394,7 +402,7 @@ def pythonize_shapes(module: Any) -> Any | None:
             if rest is None or (node.args[0] in done and node.args[0] not in tensors):
                 return None
             _replace(graph, node, _READERS[kind], [node.args[0], *rest])
-        elif any(a in done and not (kind == "DeviceCopy" and a in tensors) for a in node.all_input_nodes):
+        elif any(a in done for a in node.all_input_nodes):
             return None  # a host value read by an op not rewritten here
     _tidy(gm)
     return gm

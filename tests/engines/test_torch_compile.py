@@ -36,14 +36,21 @@ def test_frozen_reshapes_compute_the_same(torch_ready):
 ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
 
 
-def _placed(name: str):
+def _placed(name: str, as_on_a_gpu: bool = False):
+    """The converted model placed on the CPU; ``as_on_a_gpu``: with what the placement adds on a GPU only
+    (host shapes, kept device copies of host values: ``keep_constants_on_host``), its target the CPU here,
+    so the graph the rewrites see is the GPU's and the model still runs (the thirteenth session's H200 run:
+    RT-DETR's kept copy stopped ``pythonize_shapes``, which the plain CPU placement never showed)."""
     import torch
 
     from streamd.engines.torch import convert_model
-    from streamd.engines.torch_place import place
+    from streamd.engines.torch_place import keep_constants_on_host, place
 
     module, io, _ = convert_model(ZOO / name, max_batch=4, input_size=(160, 160))
-    return place(module, torch.device("cpu"), None, False), io.chw
+    module = place(module, torch.device("cpu"), None, False)
+    if as_on_a_gpu:
+        keep_constants_on_host(module, torch.device("cpu"))
+    return module, io.chw
 
 
 def _runner(chw, outputs: dict):
@@ -57,7 +64,8 @@ def _runner(chw, outputs: dict):
     return run
 
 
-def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch_ready):
+@pytest.mark.parametrize("as_on_a_gpu", [False, True], ids=["cpu-placement", "gpu-placement"])
+def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch_ready, as_on_a_gpu: bool):
     """pythonize_shapes: RT-DETR's run-time shape arithmetic (host int64 tensors, what Dynamo fails on) turns
     into Python ints feeding plain reshape/repeat/expand calls — none of onnx2torch's shape-reading modules
     is left — and the copy computes exactly what the model does at three batch sizes. (Dynamo traces the
@@ -67,12 +75,15 @@ def test_rtdetr_shape_arithmetic_becomes_python_ints_and_computes_the_same(torch
 
     from streamd.engines.torch_compile import freeze_reshapes, pythonize_shapes
 
-    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx")
+    module, chw = _placed("rtdetr-l-tiny-160-dyn.onnx", as_on_a_gpu)
     freeze_reshapes(module)
     rewritten = pythonize_shapes(module)
     assert rewritten is not None
     kinds = {type(m).__name__ for m in rewritten.modules()}
-    assert not kinds & {"OnnxShape", "HostShape", "OnnxReshape", "OnnxTile", "OnnxExpand", "OnnxRange"}, kinds
+    shape_ops = {"OnnxShape", "HostShape", "OnnxReshape", "OnnxTile", "OnnxExpand", "OnnxRange", "DeviceCopy"}
+    assert not kinds & shape_ops, kinds
+    if as_on_a_gpu:  # the copy made where the GPU's placement puts one (else this test checks nothing new)
+        assert "DeviceCopy" in {type(m).__name__ for m in module.modules()}
     for batch in (1, 2, 3):
         plain: dict = {}
         python: dict = {}

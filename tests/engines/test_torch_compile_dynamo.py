@@ -45,7 +45,7 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
 
     from streamd.engines.torch_compile import compile_checked
 
-    module, chw = _placed(name)
+    module, chw = _placed(name, as_on_a_gpu=True)  # the graph a GPU's placement makes (_placed)
     plain: dict = {}
     for batch in (2, 3):
         _runner(chw, plain)(module, batch)
