@@ -6,13 +6,19 @@ daemon), cancels the build when its ``cancel`` event is set (``step`` returns Fa
 timing the service out while callbacks keep coming: ``EXTEND_TIMEOUT_USEC``, ``STATUS`` and, where systemd
 asked for one, ``WATCHDOG=1`` at most every few seconds. A build that stops calling back stops extending, so a
 hung build still trips the timeout.
+
+A step that reports no progress (``torch.compile`` of a large model: minutes, no callbacks) runs inside
+``keep_alive``: a timer thread extends the timeout every few seconds, up to a bound, so a compile longer than
+the unit's ``TimeoutStartSec`` is not killed while one that hangs still is, once the bound is spent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from streamd import systemd
@@ -92,3 +98,38 @@ class BuildProgress:
         line = f"[{now - self._t0:6.0f} s] " + " > ".join(parts)
         self.console.write("\r\x1b[K" + line[:160] if self.tty else line + "\n")
         self.console.flush()
+
+
+@contextlib.contextmanager
+def keep_alive(
+    status: str, *, every_s: float = 20.0, extend_s: float = 120.0, limit_s: float = 1800.0
+) -> Iterator[None]:
+    """While the block runs, every ``every_s``: ``EXTEND_TIMEOUT_USEC`` (``extend_s``) and ``STATUS``
+    (plus ``WATCHDOG=1`` where systemd asked for one), for at most ``limit_s``: past that the block gets no
+    more time, so a hung step still trips systemd's timeout. Outside systemd nothing is sent."""
+    stop = threading.Event()
+    watchdog = systemd.watchdog_usec() is not None
+
+    def tick() -> None:
+        ends = time.monotonic() + limit_s
+        while time.monotonic() < ends:
+            systemd.notify(
+                f"EXTEND_TIMEOUT_USEC={int(extend_s * 1e6)}",
+                f"STATUS={status}",
+                *(["WATCHDOG=1"] if watchdog else []),
+            )
+            if stop.wait(every_s):
+                return
+        log.warning(
+            "%s: still running after %.0f s; systemd's timeout is not extended further",
+            status,
+            limit_s,
+        )
+
+    thread = threading.Thread(target=tick, name="keep-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1.0)

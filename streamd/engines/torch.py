@@ -223,6 +223,7 @@ class TorchEngine:
     def _compile(self, probe: Any, max_batch: int) -> None:
         """``engine.compile``: compiled at start-up on probe batches (1 and 2, or the fixed batch) rather than
         in a pipeline slot's first call; a model Dynamo cannot trace runs uncompiled, with a warning."""
+        from streamd.engines.progress import keep_alive
         from streamd.engines.torch_compile import compile_checked
 
         torch = self._torch
@@ -237,7 +238,9 @@ class TorchEngine:
 
         sizes = [probe.shape[0]] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
         started = time.monotonic()
-        with torch.cuda.device(self.device):  # compile and run on the engine's GPU, not the current one
+        # minutes for a large model (RT-DETR-l), with no progress to report: systemd's start-up timeout is
+        # extended meanwhile (a TensorRT build does the same through its progress callbacks)
+        with keep_alive("compiling the model (engine.compile)"), torch.cuda.device(self.device):
             self.module, self.compile_failure = compile_checked(self.module, run, sizes)
         if self.compile_failure is None:
             self.steps = (*self.steps, "torch.compile")
