@@ -159,3 +159,26 @@ def test_engine_compile_costs_memory_only_on_the_torch_engine(tmp_path) -> None:
     trt = load_config(path)
     assert memory.engine_mb(compiled) == pytest.approx(memory.engine_mb(plain) + memory.COMPILE_MB)
     assert memory.engine_mb(trt) == pytest.approx(memory.engine_mb(plain))
+
+
+def test_workers_sharing_a_gpu_get_a_note_on_mps(tmp_path, monkeypatch) -> None:
+    """Several workers on one GPU: the check says whether NVIDIA MPS runs (a control pipe where CUDA looks
+    for one: a real listening UNIX socket here), and nothing about it for one worker per GPU."""
+    import socket
+
+    pipe_dir = tmp_path / "mps"
+    pipe_dir.mkdir()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe_dir))
+    config, _ = _config(tmp_path, 8, "  workers: 4\n")
+    notes = check_memory(config, totals=lambda: {0: 143_771.0}).notes
+    assert any("4 workers share a GPU and NVIDIA MPS is not running" in n for n in notes), notes
+    two_gpus, _ = _config(tmp_path, 8, "  workers: 4\n  devices: [0, 1]\n")
+    notes = check_memory(two_gpus, totals=lambda: {0: 143_771.0, 1: 143_771.0}).notes
+    assert any("up to 2 workers share a GPU" in n for n in notes), notes
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+        control.bind(str(pipe_dir / "control"))
+        control.listen(1)
+        notes = check_memory(config, totals=lambda: {0: 143_771.0}).notes
+    assert any(f"NVIDIA MPS is running ({pipe_dir})" in n for n in notes), notes
+    alone, _ = _config(tmp_path, 2, "  workers: 1\n")
+    assert not any("MPS" in n for n in check_memory(alone, totals=lambda: {0: 143_771.0}).notes)
