@@ -11,6 +11,8 @@
 #                                  # (LIVE_Y="112 120", LIVE_R="30 34", LIVE_R10="90 100" override) (~9 min)
 #   ROWS="…" tools/gpu_models.sh rows   # live rows as written (see the mode), e.g. worker counts, MPS
 #   tools/gpu_models.sh gil      # py-spy --gil of one worker at GIL_N cameras (the per-worker host limit)
+#   tools/gpu_models.sh ramp     # the start-up ramp: RAMP_N cameras (24) in RAMP_WORKERS (1), py-spy (GIL and
+#                                # all threads) over the 12 s after "ready", each stream's first line (~1 min)
 #   tools/gpu_models.sh host     # bench_host.py on the GPU path: the null detector (no inference cost), one
 #                                # worker, HOST_N cameras of the 1080p clip, py-spy --gil each (~6 min)
 #   tools/gpu_models.sh ceiling    # bench_engines of CEIL_MODELS (yolov8s rtdetr-l): CEIL_VARIANTS (graphs compile)
@@ -23,16 +25,18 @@
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
 # Env for live rows: TASKSET (cores the daemon is pinned to), ROWS_MODELS (zoo families to build; default
-# yolov8s rtdetr-l). The thirteenth session ran compiled YOLOv8s rows (96 clean at warm-up 20 s; 120 at the
-# full rate but p99 1 s without MPS) and memory variants (bench/RESULTS.md "Compiled YOLOv8s workers live").
-# Next, in this order (a cold start costs ~3 min of device time; chain calls, the machine idles out in 30 s):
-#   1. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 5 --batch 16 --compile --engine-img-s 4506 \
-#        --warmup 20 --start-timeout 240" tools/gpu_models.sh rows      # 120 under MPS after the ramp
-#   2. ROWS_MODELS=rtdetr-l GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k compile" GPU_TESTS_S=400 \
-#        ROWS="" tools/gpu_models.sh rows; CEIL_MODELS=rtdetr-l tools/gpu_models.sh ceiling   # one graph now
-#   3. tools/gpu_models.sh host (carry .whl-spy): the per-frame GIL holders on NVDEC, never profiled
-#   4. ROWS="yolov8s 120 --workers 4 --batch 32 --compile --engine-img-s 4506 --warmup 20" (fewer, fuller
-#      workers: 30 cameras each is a worker's host limit)
+# yolov8s rtdetr-l). The fourteenth session ran 120 compiled YOLOv8s cameras clean under MPS, profiled the
+# start-up ramp (one worker: no GIL-bound step) and made RT-DETR compile on the GPU (bench/RESULTS.md "120
+# YOLOv8s cameras under MPS"). Next, in this order (a cold start costs 1-2 min of device time; chain calls, the
+# machine idles out in 30 s; a call can be lost when the machine is taken back):
+#   1. CEIL_MODELS=rtdetr-l CEIL_VARIANTS="graphs compile" CEIL_B="8 32 64" tools/gpu_models.sh ceiling
+#      (RT-DETR-l compiled: img/s, compile time; Inductor on the tiny one took ~3 min)
+#   2. ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 40 --workers 2 --batch 16 --compile --engine-img-s <1.> \
+#        --warmup 20 --start-timeout 500" tools/gpu_models.sh rows     # point 2 with the compiled engine
+#   3. ROWS="mps:rtdetr-l 96 --workers 4 --batch 16 --compile --detect-fps 10 --warmup 20 --start-timeout 500"
+#      (point 4: >= 3x the full-rate count at p99 <= 100 ms)
+#   4. RAMP_WORKERS=5 RAMP_N=120 tools/gpu_models.sh ramp (carry .whl-spy): is the ramp NVDEC creation
+#      serialised across processes?
 # Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
 # torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
 # (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
@@ -261,7 +265,7 @@ ramp)  # the start-up ramp (thirteenth session: last stream's first line 7.5-10 
         || { say "py-spy install failed"; exit 2; }
     for n in ${RAMP_N:-24}; do
         python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
-config_text; print(config_text(Path('${RAMP_CLIP:-$CLIP}'), $n, Path('/tmp/ramp-$n.jsonl'), batch=16, workers='1', engine='torch', \
+config_text; print(config_text(Path('${RAMP_CLIP:-$CLIP}'), $n, Path('/tmp/ramp-$n.jsonl'), batch=16, workers='${RAMP_WORKERS:-1}', engine='torch', \
 extra='  spare_worker: false\n'))" >"/tmp/ramp-$n.yaml"
         t0=$(date +%s.%N)
         python3 -m streamd run "/tmp/ramp-$n.yaml" >"$RES/ramp-$n-daemon.log" 2>&1 &
