@@ -179,6 +179,12 @@ def test_workers_sharing_a_gpu_get_a_note_on_mps(tmp_path, monkeypatch) -> None:
         control.bind(str(pipe_dir / "control"))
         control.listen(1)
         notes = check_memory(config, totals=lambda: {0: 143_771.0}).notes
-    assert any(f"NVIDIA MPS is running ({pipe_dir})" in n for n in notes), notes
+    assert any(f"NVIDIA MPS control pipe in {pipe_dir}:" in n for n in notes), notes
     alone, _ = _config(tmp_path, 2, "  workers: 1\n")
     assert not any("MPS" in n for n in check_memory(alone, totals=lambda: {0: 143_771.0}).notes)
+    pipe_dir.chmod(0)  # a folder this user cannot read: no MPS seen, no traceback (root reads it anyway)
+    try:
+        notes = check_memory(config, totals=lambda: {0: 143_771.0}).notes
+    finally:
+        pipe_dir.chmod(0o755)
+    assert any("MPS" in n for n in notes), notes

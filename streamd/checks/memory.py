@@ -182,10 +182,14 @@ def estimate(config: Config, pixels: list[int] | None = None) -> dict[int, float
 
 def mps_pipe() -> Path | None:
     """The NVIDIA MPS control daemon's pipe this process would use (``$CUDA_MPS_PIPE_DIRECTORY``, else
-    ``/tmp/nvidia-mps``), None when no daemon listens there. Only a path check: CUDA is never loaded here."""
+    ``/tmp/nvidia-mps``), None when there is none or it cannot be seen. A path check only (a socket left by a
+    killed daemon passes too): CUDA is never loaded here."""
     folder = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
     control = folder / "control"
-    return control if control.is_socket() else None
+    try:
+        return control if control.is_socket() else None
+    except OSError:  # a folder this user may not read (a daemon run by root, 0700): as if none
+        return None
 
 
 def check_memory(
@@ -229,12 +233,12 @@ def _note_mps(config: Config, workers: int, report: MemoryReport) -> None:
     """Several workers on one GPU time-slice it unless MPS runs: a note saying which (README "Sizing a box",
     item 7: 120 compiled YOLOv8s cameras in 5 workers, p99 1.0 s without MPS, 87 ms with it)."""
     devices = config.pipeline.devices or (config.engine.device,)
-    shared = max((workers + len(devices) - 1 - k) // len(devices) for k in range(len(devices)))
+    shared = -(-workers // len(devices))  # round robin: the first GPU gets the most
     if shared < 2 or config.engine.type == "onnxruntime":
         return
     pipe = mps_pipe()
     if pipe is not None:
-        report.notes.append(f"NVIDIA MPS is running ({pipe.parent}): the workers sharing a GPU run at once")
+        report.notes.append(f"NVIDIA MPS control pipe in {pipe.parent}: workers sharing a GPU run at once")
     else:
         folder = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
         report.notes.append(

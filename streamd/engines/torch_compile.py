@@ -243,8 +243,11 @@ def _unsqueeze(value: Any, axes: list[int]) -> Any:
 def _concat(*values: Any) -> Any:
     import torch
 
-    if any(isinstance(v, torch.Tensor) for v in values):
-        return torch.cat([v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in values])
+    tensor = next((v for v in values if isinstance(v, torch.Tensor)), None)
+    if tensor is not None:  # the Python values joined on the tensor's device (_range makes it on the GPU)
+        return torch.cat(
+            [v if isinstance(v, torch.Tensor) else torch.tensor(v, device=tensor.device) for v in values]
+        )
     out: list[Any] = []
     for v in values:
         out.extend(v)

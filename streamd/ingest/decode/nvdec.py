@@ -32,8 +32,8 @@ Design
   decoder holds the GIL inside PyNvVideoCodec (its destructor runs under pybind11), which would stall every
   other stream at each loop pass; so a decoder is only replaced when the SPS changes, and the replaced one is
   destroyed on a background thread (:func:`streamd.ingest.decode.base.close_later`). Creating one, and its
-  session at the first ``Decode()``, hardly holds it (≈ 55 ms per stream, GIL-free: the start-up profile in
-  bench/RESULTS.md, fourteenth session).
+  session at the first ``Decode()``, was not seen holding it (24 streams starting in one worker, ≈ 55 ms
+  apart: the start-up profile in bench/RESULTS.md, fourteenth session).
 - A full GPU: NVDEC holds a limited number of decoders at once (how many: bench/RESULTS.md, measured with
   ``tools/nvdec_sessions.py``). PyNvVideoCodec creates the session at the first SPS,
   inside ``Decode()``; when ``cuvidCreateDecoder`` fails there with error 2 (out of memory), that is
