@@ -230,10 +230,12 @@ class TorchEngine:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
 
         def run(module: Any, batch: int) -> None:
-            rows = probe[:1].expand(batch, *probe.shape[1:])  # the seeded probe, as many rows as asked
-            x = rows.to(self.device, self._compute_dtype).contiguous(memory_format=fmt)  # later calls' layout
+            # the seeded probe, as many rows as asked, as a slot holds its input; converted as _forward does,
+            # so the compiled graph's guards (the input's dtype, layout, and whether it is an inference
+            # tensor) are those of every later call: else the first pipeline call would compile it again
+            rows = probe[:1].expand(batch, *probe.shape[1:]).to(self.device).contiguous()
             with torch.inference_mode():
-                module(x)
+                module(rows.to(dtype=self._compute_dtype, memory_format=fmt))
             torch.cuda.synchronize(self.device)
 
         sizes = [probe.shape[0]] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
@@ -241,7 +243,9 @@ class TorchEngine:
         # minutes for a large model (RT-DETR-l), with no progress to report: systemd's start-up timeout is
         # extended meanwhile (a TensorRT build does the same through its progress callbacks)
         with keep_alive("compiling the model (engine.compile)"), torch.cuda.device(self.device):
-            self.module, self.compile_failure = compile_checked(self.module, run, sizes)
+            self.module, self.compile_failure = compile_checked(
+                self.module, run, sizes, one_as_two=self.batch_fixed is None and max_batch >= 2
+            )
         if self.compile_failure is None:
             self.steps = (*self.steps, "torch.compile")
             log.info("torch engine: compiled in %.1f s (batch sizes %s)", time.monotonic() - started, sizes)

@@ -5,7 +5,8 @@ every convolution, its activation, concatenations, the pad before a pool. At lar
 those take most of NanoDet's time (tools/engine_probe.py measures it); Inductor fuses them. The price is a
 compile at start-up, about a minute (bench/RESULTS.md; Inductor caches its kernels on disk, so later starts
 are quicker). The batch dimension is compiled as dynamic, so every batch size from 2 up shares one
-compile (batch 1 is specialised).
+compile; Dynamo specialises a size-1 dimension, so batch 1 would need a compile of its own (40 of NanoDet's
+95 s on the H200): a batch of one runs as two instead (``BatchOfOneAsTwo``), one compile in all.
 
 Dynamo cannot trace onnx2torch's ``OnnxReshape`` (it builds a ``torch.Size`` from a tensor), so reshapes to a
 constant shape are first rewritten into plain ``torch.reshape`` calls (``freeze_reshapes``). Models that
@@ -182,19 +183,52 @@ def compile_module(module: Any, backend: str = "inductor") -> Any:
     return torch.compile(module, dynamic=True, fullgraph=False, backend=backend)
 
 
+class BatchOfOneAsTwo:
+    """The compiled model, with a batch of one run as two (its row twice, the first result kept): the dynamic
+    graph compiled for batches from 2 up serves it, where Dynamo would compile batch 1 apart (its size-1
+    specialisation) — at start-up, or in the frame path when a batch of one first comes. The extra row costs
+    one image of compute, only on batches of one."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        if x.shape[0] != 1:
+            return self.compiled(x)
+        # cat keeps a channels-last input channels-last; the pair is an inference tensor only when ``x`` is
+        # one (Dynamo guards on that: the other kind would compile the graph again)
+        with torch.inference_mode(x.is_inference()):
+            pair = torch.cat([x, x])
+        out = self.compiled(pair)
+        if isinstance(out, (tuple, list)):
+            return type(out)(o[:1] for o in out)
+        return out[:1]
+
+
 def compile_checked(
-    module: Any, run: Callable[[Any, int], None], batches: Iterable[int], backend: str = "inductor"
+    module: Any,
+    run: Callable[[Any, int], None],
+    batches: Iterable[int],
+    backend: str = "inductor",
+    *,
+    one_as_two: bool = True,
 ) -> tuple[Any, str | None]:
-    """``module`` compiled and ``run(compiled, batch)`` once per batch size given (batch 1 is specialised,
-    one size from 2 up compiles the dynamic graph): (the compiled callable, None), or (``module`` itself,
-    uncompiled, and why) when compiling or running it fails. ``module`` keeps ``freeze_reshapes``' rewrite
-    either way, and ``freeze_constant_args``' where no pythonized copy was made (the same computation)."""
+    """``module`` compiled and ``run(compiled, batch)`` once per batch size given (one size from 2 up
+    compiles the dynamic graph; with ``one_as_two``, batch 1 runs through it as two, else it is compiled
+    apart): (the compiled callable, None), or (``module`` itself, uncompiled, and why) when compiling or
+    running it fails. ``module`` keeps ``freeze_reshapes``' rewrite either way, and ``freeze_constant_args``'
+    where no pythonized copy was made (the same computation). ``one_as_two`` needs a batch dimension that
+    takes 2 (not a model whose batch is fixed)."""
     try:
         freeze_reshapes(module)  # first: constant reshapes need no shape arithmetic rewritten
         # RT-DETR-like models: their run-time shape arithmetic as Python ints (None for all others)
         target = pythonize_shapes(module) or module
         freeze_constant_args(target)  # after: shape arithmetic (host values) is pythonize_shapes' to rewrite
         compiled = compile_module(target, backend)
+        if one_as_two:
+            compiled = BatchOfOneAsTwo(compiled)
         for batch in batches:
             run(compiled, batch)
     except Exception as exc:  # Dynamo/Inductor raise many types; none may stop the worker

@@ -38,16 +38,17 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
     """With its shape arithmetic as Python ints and its constant operands as Python values, Dynamo traces
     YOLOv8s, RT-DETR and YOLO26 (NMS-free) whole: one dynamic graph for batch 2 that batch 3 reuses, no
     break (before this rewrite: 16 graphs for YOLOv8s's batch 2, 19 for RT-DETR's, whose trace
-    took 43 s here instead of 5; YOLO26's constant Expand failed the trace), and compile_checked's compiled
-    module (Dynamo with a backend that runs the traced graphs as they are) computes exactly what the
-    uncompiled one does."""
+    took 43 s here instead of 5; YOLO26's constant Expand failed the trace); a batch of one runs through the
+    same graph as two (BatchOfOneAsTwo: no second, specialised compile); and compile_checked's compiled
+    module (Dynamo with a backend that runs the traced graphs as they are) computes what the uncompiled one
+    does — exactly at batches 2 and 3, within float rounding at batch 1 (its row computed in a batch of 2)."""
     import torch
 
     from streamd.engines.torch_compile import compile_checked
 
     module, chw = _placed(name, as_on_a_gpu=True)  # the graph a GPU's placement makes (_placed)
     plain: dict = {}
-    for batch in (2, 3):
+    for batch in (1, 2, 3):
         _runner(chw, plain)(module, batch)
     graphs: list = []
 
@@ -56,8 +57,35 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
         return gm.forward
 
     compiled_out: dict = {}
-    compiled, why = compile_checked(module, _runner(chw, compiled_out), [2, 3], backend=backend)
+    compiled, why = compile_checked(module, _runner(chw, compiled_out), [1, 2, 3], backend=backend)
     assert why is None and compiled is not module
-    assert len(graphs) == 1, [g.graph for g in graphs]  # (batch 1, specialised, would be a second)
+    assert len(graphs) == 1, [g.graph for g in graphs]  # without one_as_two, batch 1 would make a second
     for batch in (2, 3):
         torch.testing.assert_close(compiled_out[batch], plain[batch], rtol=0, atol=0)
+    assert compiled_out[1].shape == plain[1].shape
+    torch.testing.assert_close(compiled_out[1], plain[1], rtol=1e-3, atol=1e-3)
+
+
+def test_one_graph_when_the_engine_hands_inference_tensors(torch_ready):
+    """The engine converts its input inside inference mode (fp32 -> fp16, or to channels-last), so every
+    pipeline call hands the compiled model an inference tensor; Dynamo guards on that. Probed the same way,
+    batches 1, 2 and 3 still share one graph (BatchOfOneAsTwo's pair is of the same kind as its input)."""
+    import numpy as np
+    import torch
+
+    from streamd.engines.torch_compile import compile_checked
+
+    module, chw = _placed("yolov8s-tiny-160-dyn.onnx", as_on_a_gpu=True)
+    graphs: list = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def run(compiled, batch: int) -> None:  # as TorchEngine._forward: converted inside inference mode
+        x = torch.from_numpy(np.random.default_rng(batch).standard_normal((batch, *chw)).astype(np.float32))
+        with torch.inference_mode():
+            compiled(x.contiguous(memory_format=torch.channels_last))
+
+    _, why = compile_checked(module, run, [1, 2, 3], backend=backend)
+    assert why is None and len(graphs) == 1, len(graphs)
