@@ -51,4 +51,8 @@ for what in "${WANT[@]}"; do
     *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, clip)" >&2; exit 2 ;;
     esac
 done
-du -sh .whl-live .whl-spy .whl-zoo .assets-work/live1080.mp4 2>/dev/null || true
+du -sh .whl-live .whl-spy .whl-zoo .assets-work/*.mp4 2>/dev/null || true
+# the device tool carries the tree and the named pieces together, 64 MiB in all (the fourteenth session's
+# tree + zoo + live + spy + the 60-s clip was 64.8 MiB: carry py-spy with a shorter clip, RAMP_CLIP)
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+echo "tracked tree: $(( tree / 1048576 )) MiB of the 64 MiB a call carries"
