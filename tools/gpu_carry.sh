@@ -8,7 +8,8 @@
 #   spy   .whl-spy/: py-spy (~3 MB), for `tools/gpu_models.sh gil|host`
 #   zoo   .whl-zoo/: tools/zoo_wheels.txt + the YOLOX sdist (~3.7 MB), for the zoo builds on the box
 #   clip  .assets-work/live1080.mp4: the bundled vtest footage at 1920x1080, 30 fps, 60 s, H.264 with
-#         B-frames (~4-5 MB), the clip of the live rows since the tenth session
+#         B-frames (~4-5 MB), the clip of the live rows since the tenth session; and ramp1080.mp4, its
+#         first 30 s (for the ramp mode)
 # The GPU box runs CPython 3.12 on x86_64 (manylinux_2_28); wheels are fetched for that, not for this machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +48,9 @@ for what in "${WANT[@]}"; do
                 -preset veryfast -crf 32 -bf 2 -g 60 -pix_fmt yuv420p -an .assets-work/live1080.tmp.mp4
             mv .assets-work/live1080.tmp.mp4 .assets-work/live1080.mp4
         fi
+        # its first 30 s (2.4 MB), for `gpu_models.sh ramp` (RAMP_CLIP): fits the carry beside py-spy
+        [[ -f .assets-work/ramp1080.mp4 ]] || ffmpeg -nostdin -hide_banner -loglevel error -y \
+            -i .assets-work/live1080.mp4 -t 30 -c copy .assets-work/ramp1080.mp4
         ;;
     *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, clip)" >&2; exit 2 ;;
     esac
