@@ -35,7 +35,8 @@
 #        --warmup 20 --start-timeout 500" tools/gpu_models.sh rows     # point 2 with the compiled engine
 #   3. ROWS="mps:rtdetr-l 96 --workers 4 --batch 16 --compile --detect-fps 10 --warmup 20 --start-timeout 500"
 #      (point 4: >= 3x the full-rate count at p99 <= 100 ms)
-#   4. RAMP_WORKERS=5 RAMP_N=120 tools/gpu_models.sh ramp (carry .whl-spy): is the ramp NVDEC creation
+#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
+#      .whl-spy .whl-live .whl-zoo and that clip, not live1080.mp4: 64 MiB): is the ramp NVDEC creation
 #      serialised across processes?
 # Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
 # torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
