@@ -169,6 +169,7 @@ class Daemon:
             [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
+        self.started = time.monotonic()
         self.log: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -353,6 +354,7 @@ def live_run(
         if d.wait_for(r"streamd: ready", args.start_timeout) is None:
             row["error"] = "not ready: " + "".join(d.log)[-1500:]
             return row
+        row["ready_after_s"] = round(time.monotonic() - d.started, 1)  # start-up: launch to READY (±0.1 s)
         m = d.wait_for(r"over (\d+) worker process", 1)
         row["workers_started"] = int(m.group(1)) if m else None
         row["spare_worker"] = spare
@@ -418,6 +420,8 @@ def live_run(
     finally:
         row["exit"] = d.stop()
         row["warnings"] = warnings(d.log)
+        if compiles := compile_times(d.log):
+            row["compile_s"] = compiles
         name = f"daemon-{next(_RUNS):02d}-{n}{'-kill' if kill_worker else ''}.log"
         (args.out / name).write_text("".join(d.log))  # the whole log, for logs.tgz
         summary = [line.strip() for line in d.log if "streamd: done" in line]
@@ -428,6 +432,18 @@ def live_run(
             row["drops_in_window"] = int(done[-1]) if done else None
             row["drops_source"] = "daemon count, whole run"
     return row
+
+
+def compile_times(log: list[str]) -> dict[str, list[float]]:
+    """``engine.compile``'s start-up cost per worker, from the daemon's log: seconds of each compile, and of
+    each that failed (the model then ran uncompiled); empty when nothing was compiled."""
+    times: dict[str, list[float]] = {}
+    for line in log:
+        if m := re.search(r"torch engine: compiled in ([\d.]+) s", line):
+            times.setdefault("compiled", []).append(float(m.group(1)))
+        elif m := re.search(r"engine\.compile failed for this model after ([\d.]+) s", line):
+            times.setdefault("failed", []).append(float(m.group(1)))
+    return times
 
 
 def warnings(log: list[str], keep: int = 12) -> dict[str, int]:

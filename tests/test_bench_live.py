@@ -43,6 +43,7 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     daemon_log = "".join(f.read_text()[-1500:] for f in sorted(out.glob("daemon-*.log")))
     assert row["streams"] == 2 and row["devices"] == [0, 1] and row["delivered_fps"] > 0, (row, daemon_log)
     assert row["exit"] == 0 and row["streams_seen"] == 2
+    assert 0 < row["ready_after_s"] < 300 and "compile_s" not in row  # ONNX Runtime: nothing compiled
     assert results["largest_clean_streams"] == largest_clean(results["ramp"])
     restart = results["restart"]
     assert restart["killed_worker"] == 1 and restart["moved_to_spare"] and restart["exit"] == 0
@@ -73,3 +74,20 @@ def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
     default = config_text(CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1")
     (tmp_path / "d.yaml").write_text(default)
     assert load_config(tmp_path / "d.yaml").engine.verify is not False
+
+
+def test_compile_times_come_from_the_engines_log_lines() -> None:
+    """The lines TorchEngine._compile logs (streamd/engines/torch.py), as a worker's log carries them."""
+    from bench.bench_live import compile_times
+
+    log = [
+        "2026-12-02 12:11:22,652 INFO worker4 streamd.engines.torch: torch engine: compiled in 88.2 s "
+        "(batch sizes [1, 2])\n",
+        "2026-12-02 12:11:23,045 INFO worker0 streamd.engines.torch: torch engine: compiled in 88.9 s "
+        "(batch sizes [1, 2])\n",
+        "2026-12-02 12:35:10,000 WARNING worker1 streamd.engines.torch: torch engine: engine.compile failed "
+        "for this model after 131.5 s (InternalTorchDynamoError: …); it runs uncompiled\n",
+        "2026-12-02 12:35:11,000 INFO streamd.supervisor: streamd: ready: engine torch-cuda-fp16\n",
+    ]
+    assert compile_times(log) == {"compiled": [88.2, 88.9], "failed": [131.5]}
+    assert compile_times(log[-1:]) == {}
