@@ -62,19 +62,24 @@ from streamd.stages.preprocess.colour import signalled
 
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
 SPS_SCAN_BYTES = 1024  # parameter sets open an access unit (after an AUD / VPS), well inside this
+START_CODE = b"\x00\x00\x01"  # (a 4-byte start code's extra zero ends the NAL unit before it: stripped)
 
 
 def find_sps(view: np.ndarray, codec: str) -> bytes | None:
-    """The SPS NAL unit (payload bytes, trailing zeros stripped) at the head of an Annex-B packet, if any."""
-    head = view[:SPS_SCAN_BYTES]
-    if head.size < 4:
-        return None
-    starts = np.flatnonzero((head[:-3] == 0) & (head[1:-2] == 0) & (head[2:-1] == 1)) + 3
-    for k, i in enumerate(starts):
-        nal_type = (int(head[i]) & 0x1F) if codec == "h264" else (int(head[i]) >> 1) & 0x3F
-        if nal_type == (7 if codec == "h264" else 33):
-            end = int(starts[k + 1]) - 3 if k + 1 < len(starts) else head.size
-            return head[i:end].tobytes().rstrip(b"\0")
+    """The SPS NAL unit (payload bytes, trailing zeros stripped) at the head of an Annex-B packet, if any.
+
+    Runs on every packet a stream thread decodes, holding the GIL: ``bytes.find`` visits only the start
+    codes (a few per packet), ≈ 5x quicker than array compares over the head (bench/bench_nal_scan.py)."""
+    head = view[:SPS_SCAN_BYTES].tobytes()
+    last = len(head) - 4  # a start code with its NAL header byte after it
+    want = 7 if codec == "h264" else 33
+    pos = head.find(START_CODE)
+    while 0 <= pos <= last:
+        i = pos + 3
+        nal_type = head[i] & 0x1F if codec == "h264" else (head[i] >> 1) & 0x3F
+        pos = head.find(START_CODE, i)
+        if nal_type == want:
+            return head[i : pos if 0 <= pos <= last else len(head)].rstrip(b"\0")
     return None
 
 

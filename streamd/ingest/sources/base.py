@@ -189,21 +189,24 @@ SMALL_PACKET = 4096  # bytes; a packet of parameter sets / SEI only is far small
 def _first_slice(view: np.ndarray, codec: str) -> tuple[bool, bool] | None:
     """(is an IRAP/IDR picture, is the first slice of its picture) of the first VCL NAL unit of an Annex-B
     packet; None when the packet has no VCL NAL unit (parameter sets or SEI only)."""
-    head = view[:SMALL_PACKET]  # the first slice header follows the parameter sets and SEI, well inside
-    if head.size < 4:
-        return None
-    starts = np.flatnonzero((head[:-3] == 0) & (head[1:-2] == 0) & (head[2:-1] == 1)) + 3
-    for i in starts:
-        if i + 2 >= head.size:
+    # the first slice header follows the parameter sets and SEI, well inside SMALL_PACKET; bytes.find visits
+    # only the start codes (per packet, holding the GIL: ≈ 10x quicker than array compares, bench_nal_scan)
+    head = view[:SMALL_PACKET].tobytes()
+    size = len(head)
+    pos = head.find(b"\x00\x00\x01")
+    while 0 <= pos <= size - 4:
+        i = pos + 3
+        if i + 2 >= size:
             break
         if codec == "h264":
-            kind = int(head[i]) & 0x1F
+            kind = head[i] & 0x1F
             if 1 <= kind <= 5:  # slice header: first_mb_in_slice ue(v) is 0 iff its first bit is 1
                 return kind == 5, bool(head[i + 1] & 0x80)
         else:
-            kind = (int(head[i]) >> 1) & 0x3F
+            kind = (head[i] >> 1) & 0x3F
             if kind < 32:  # first_slice_segment_in_pic_flag is the first bit after the 2-byte header
                 return 16 <= kind <= 23, bool(head[i + 2] & 0x80)
+        pos = head.find(b"\x00\x00\x01", i)
     return None
 
 
