@@ -58,5 +58,5 @@ done
 du -sh .whl-live .whl-spy .whl-zoo .assets-work/*.mp4 2>/dev/null || true
 # the device tool carries the tree and the named pieces together, 64 MiB in all (the fourteenth session's
 # tree + zoo + live + spy + the 60-s clip was 64.8 MiB: carry py-spy with a shorter clip, RAMP_CLIP)
-tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 echo "tracked tree: $(( tree / 1048576 )) MiB of the 64 MiB a call carries"

@@ -227,15 +227,15 @@ class TorchEngine:
         from streamd.engines.torch_compile import compile_checked
 
         torch = self._torch
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
 
         def run(module: Any, batch: int) -> None:
-            # the seeded probe, as many rows as asked, as a slot holds its input; converted as _forward does,
-            # so the compiled graph's guards (the input's dtype, layout, and whether it is an inference
-            # tensor) are those of every later call: else the first pipeline call would compile it again
+            # the seeded probe, as many rows as asked, as a slot holds its input; converted by _prepare as
+            # _forward does, so the compiled graph's guards (the input's dtype, layout, and whether it is an
+            # inference tensor) are those of every later call: else the first pipeline call (fp16/bf16, or
+            # channels-last) would compile it again
             rows = probe[:1].expand(batch, *probe.shape[1:]).to(self.device).contiguous()
             with torch.inference_mode():
-                module(rows.to(dtype=self._compute_dtype, memory_format=fmt))
+                module(self._prepare(rows))
             torch.cuda.synchronize(self.device)
 
         sizes = [probe.shape[0]] if self.batch_fixed is not None else sorted({1, min(2, max_batch)})
@@ -259,11 +259,16 @@ class TorchEngine:
 
     # -- compute ---------------------------------------------------------------------------------------------
 
-    def _forward(self, x: Any) -> Any:
+    def _prepare(self, x: Any) -> Any:
+        """The input as the model takes it (compute dtype, layout); called in inference mode, so a converted
+        input is an inference tensor — the same kind for the compile probe as for every call (_compile)."""
         torch = self._torch
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        with torch.inference_mode():
-            return self.module(x.to(dtype=self._compute_dtype, memory_format=fmt))
+        return x.to(dtype=self._compute_dtype, memory_format=fmt)
+
+    def _forward(self, x: Any) -> Any:
+        with self._torch.inference_mode():
+            return self.module(self._prepare(x))
 
     def _run(self, x: Any, y: Any) -> None:
         out = self._forward(x)

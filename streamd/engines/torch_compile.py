@@ -213,7 +213,7 @@ def compile_checked(
     batches: Iterable[int],
     backend: str = "inductor",
     *,
-    one_as_two: bool = True,
+    one_as_two: bool = False,
 ) -> tuple[Any, str | None]:
     """``module`` compiled and ``run(compiled, batch)`` once per batch size given (one size from 2 up
     compiles the dynamic graph; with ``one_as_two``, batch 1 runs through it as two, else it is compiled

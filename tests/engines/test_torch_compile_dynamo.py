@@ -57,7 +57,9 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
         return gm.forward
 
     compiled_out: dict = {}
-    compiled, why = compile_checked(module, _runner(chw, compiled_out), [1, 2, 3], backend=backend)
+    compiled, why = compile_checked(
+        module, _runner(chw, compiled_out), [1, 2, 3], backend=backend, one_as_two=True
+    )
     assert why is None and compiled is not module
     assert len(graphs) == 1, [g.graph for g in graphs]  # without one_as_two, batch 1 would make a second
     for batch in (2, 3):
@@ -69,7 +71,8 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
 def test_one_graph_when_the_engine_hands_inference_tensors(torch_ready):
     """The engine converts its input inside inference mode (fp32 -> fp16, or to channels-last), so every
     pipeline call hands the compiled model an inference tensor; Dynamo guards on that. Probed the same way,
-    batches 1, 2 and 3 still share one graph (BatchOfOneAsTwo's pair is of the same kind as its input)."""
+    batches 1, 2 and 3 still share one graph. (The case where the pair must *not* be an inference tensor is
+    the one-graph test above: normal inputs, called in inference mode.)"""
     import numpy as np
     import torch
 
@@ -87,5 +90,5 @@ def test_one_graph_when_the_engine_hands_inference_tensors(torch_ready):
         with torch.inference_mode():
             compiled(x.contiguous(memory_format=torch.channels_last))
 
-    _, why = compile_checked(module, run, [1, 2, 3], backend=backend)
+    _, why = compile_checked(module, run, [1, 2, 3], backend=backend, one_as_two=True)
     assert why is None and len(graphs) == 1, len(graphs)
