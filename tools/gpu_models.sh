@@ -31,10 +31,11 @@
 # machine idles out in 30 s; a call can be lost when the machine is taken back):
 #   1. CEIL_MODELS=rtdetr-l CEIL_VARIANTS="graphs compile" CEIL_B="8 32 64" tools/gpu_models.sh ceiling
 #      (RT-DETR-l compiled: img/s, compile time; Inductor on the tiny one took ~3 min)
-#   2. ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 40 --workers 2 --batch 16 --compile --engine-img-s <1.> \
-#        --warmup 20 --start-timeout 500" tools/gpu_models.sh rows     # point 2 with the compiled engine
-#   3. ROWS="mps:rtdetr-l 96 --workers 4 --batch 16 --compile --detect-fps 10 --warmup 20 --start-timeout 500"
-#      (point 4: >= 3x the full-rate count at p99 <= 100 ms)
+#   2. LIVE_TIMEOUT_S=560 LIVE_BUDGET_S=560 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 40 --workers 2 --batch 16 \
+#        --compile --engine-img-s <1.> --warmup 20 --start-timeout 480" tools/gpu_models.sh rows   # point 2
+#   3. the same with ROWS="mps:rtdetr-l 96 --workers 4 --batch 16 --compile --detect-fps 10 --warmup 20
+#        --start-timeout 480" (point 4: >= 3x the full-rate count at p99 <= 100 ms); the Inductor cache of
+#        call 1 is still on the machine if it stayed warm (else each compile starts cold)
 #   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
 #      .whl-spy .whl-live .whl-zoo and that clip, not live1080.mp4: 64 MiB): is the ramp NVDEC creation
 #      serialised across processes?
