@@ -97,8 +97,8 @@ def test_the_gpu_placements_shape_op_keeps_its_bounds_for_the_rewrite(torch_read
     ``_start``/``_end`` from either (a Shape(start, end) of opset 15 read whole would build wrong targets)."""
     import torch
 
-    from streamd.engines.torch_compile import _shape
     from streamd.engines.torch_place import _HostShape
+    from streamd.engines.torch_shapes import _shape
 
     op = _HostShape.make(1, 3)
     x = torch.zeros(2, 3, 4, 5)

@@ -92,6 +92,7 @@ def test_broker_outage_loses_exactly_the_counted_drops(tmp_path, broker) -> None
     lines = fake_lines(795)
     t0 = time.monotonic()
     outage = None
+    took: list[float] = []
     for i, line in enumerate(lines):  # 795 lines at 40 per second, like a live camera
         time.sleep(max(0.0, t0 + i / 40 - time.monotonic()))
         if i == 200:
@@ -101,7 +102,11 @@ def test_broker_outage_loses_exactly_the_counted_drops(tmp_path, broker) -> None
             broker.start()
         t = time.monotonic()
         sink.submit(line, "demo")
-        assert time.monotonic() - t < 0.1, "submit never blocks (a blocked one would wait out the outage)"
+        took.append(time.monotonic() - t)
+    # submit never blocks: a blocked one would wait out the 10-s outage (about half the lines fall in it). On
+    # a loaded CI box a thread can still miss the GIL for a few hundred ms now and then (0.39 s seen once).
+    took.sort()
+    assert took[-1] < 2.0 and took[int(0.99 * len(took))] < 0.1, took[-10:]
     assert broker.proc is not None, "the broker came back before the end"
     sink.close(timeout=30)
     stats = sink.stats()
