@@ -21,19 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from streamd.ingest.decode.nvdec import find_sps  # noqa: E402
-from streamd.ingest.sources import DemuxOptions, demuxer_class  # noqa: E402
 from streamd.ingest.sources.base import _first_slice  # noqa: E402
+from tests.decode.test_nal_scan import _packets as packets  # noqa: E402
 from tests.decode.test_nal_scan import reference_first_slice, reference_sps  # noqa: E402
 
 DEFAULT = ["samples/vtest.mp4:h264", "samples/vtest-hevc.mp4:hevc", ".assets-work/live1080.mp4:h264"]
-
-
-def packets(path: Path) -> list[np.ndarray]:
-    dmx = demuxer_class("auto")(str(path), DemuxOptions(annexb=True))
-    try:
-        return [p.view().copy() for p in dmx.packets()]
-    finally:
-        dmx.close()
 
 
 def per_packet_us(fn: Callable[[np.ndarray, str], object], views: list[np.ndarray], codec: str) -> float:
