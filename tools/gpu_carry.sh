@@ -4,7 +4,8 @@
 #
 #   tools/gpu_carry.sh [live] [spy] [zoo] [clip]     # default: live spy clip (zoo: only for the zoo builds)
 #
-#   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson (cp312)
+#   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson and lap (cp312;
+#         lap, 1.7 MB, is tracking's assignment: rows with detect_fps and fill need it)
 #   spy   .whl-spy/: py-spy (~3 MB), for `tools/gpu_models.sh gil|host`
 #   zoo   .whl-zoo/: tools/zoo_wheels.txt + the YOLOX sdist (~3.7 MB), for the zoo builds on the box
 #   clip  .assets-work/live1080.mp4: the bundled vtest footage at 1920x1080, 30 fps, 60 s, H.264 with
@@ -26,7 +27,7 @@ for what in "${WANT[@]}"; do
         rm -f .whl/pynvvideocodec-* .whl-live/*  # one version only: the slim script and install() take the first
         python3 -m pip download -q "${PY[@]}" -d .whl PyNvVideoCodec
         tools/slim_pynvvideocodec.sh >/dev/null
-        python3 -m pip download -q "${PY[@]}" -d .whl-live orjson
+        python3 -m pip download -q "${PY[@]}" -d .whl-live orjson "lap>=0.5"  # lap: tracking (detect_fps fill)
         ;;
     spy)
         mkdir -p .whl-spy

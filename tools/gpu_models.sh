@@ -49,7 +49,7 @@ MODE="${1:-}"
 OUT="${OUT:-$REPO/out/gpu-models}"
 RES="/tmp/res-$MODE"
 ZOO=/tmp/zoo
-CLIP="$REPO/.assets-work/live1080.mp4"
+CLIP="${CLIP:-$REPO/.assets-work/live1080.mp4}"  # CLIP=â€¦ (e.g. ramp1080.mp4) where the carry is short of room
 export PYTHONUNBUFFERED=1 YOLO_CONFIG_DIR=/tmp/ultralytics PYTHONPATH="/tmp/site:$REPO"
 mkdir -p "$OUT" "$RES"
 trap 'tar czf "$OUT/$MODE.tgz" -C "$RES" . 2>/dev/null; cp "$RES/summary.txt" "$OUT/$MODE.summary" 2>/dev/null' EXIT
@@ -57,13 +57,14 @@ trap 'tar czf "$OUT/$MODE.tgz" -C "$RES" . 2>/dev/null; cp "$RES/summary.txt" "$
 say() { echo "$@" | tee -a "$RES/summary.txt"; }
 
 install() {
+    mkdir -p /tmp/site  # the zoo wheels make it; host and gil modes carry none
     if [[ ! -d /tmp/site/ultralytics ]] && ls .whl-zoo/*.whl >/dev/null 2>&1; then  # host, gil: no zoo needed
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-zoo/*.whl \
             >"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
     fi
     for t in .whl-live/*.tar.xz; do [[ -f "$t" && ! -d /tmp/site/PyNvVideoCodec ]] && tar xJf "$t" -C /tmp/site; done
-    if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson ]]; then  # orjson (cp312, 130 kB)
-        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-live/*.whl \
+    if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson || ! -d /tmp/site/lap ]]; then  # orjson, lap (cp312)
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-live/*.whl \
             >>"$RES/pip.txt" 2>&1 || say "orjson install failed: lines through stdlib json"
     fi
     python3 -c "import orjson" 2>/dev/null || say "no orjson: the JSON lines go through stdlib json"
@@ -221,7 +222,8 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; â
         fi
     done
     ;;
-gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one worker, live, fp16): the host
+gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one worker, live, fp16; GIL_DETECT_FPS=10
+    # detects a third of the frames and tracking fills the rest): the host
     # limit of a worker (RESULTS "Live density with real-size detectors": 1 ms of host CPU per frame at 24-30
     # cameras, 7 ms at 112). Carry .whl-live, .whl-spy (py-spy wheel) and the clip (no zoo needed).
     install
@@ -230,7 +232,7 @@ gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one w
     for n in ${GIL_N:-24 56}; do
         python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from bench_live import \
 config_text; print(config_text(Path('$CLIP'), $n, Path('/tmp/gil-$n.jsonl'), batch=16, workers='1', engine='${GIL_ENGINE:-torch}', \
-extra='  spare_worker: false\n'))" >"/tmp/gil-$n.yaml"
+detect_fps=${GIL_DETECT_FPS:-None}, extra='  spare_worker: false\n'))" >"/tmp/gil-$n.yaml"
         python3 -m streamd run "/tmp/gil-$n.yaml" >"$RES/gil-$n-daemon.log" 2>&1 &
         pid=$!
         sleep "${GIL_WARM_S:-35}"
