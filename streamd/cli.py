@@ -118,11 +118,15 @@ def _check(path: str, model: bool) -> int:
     """``streamd check``: the config, its stream files and sink files as this user sees them
     (``streamd.checks.access``); with ``model``, the model file against the config (onnx is imported only
     then, so that ``--no-model`` stays quick)."""
+    from streamd.analytics.tracker import missing_dependency
     from streamd.checks.access import check_access
     from streamd.config import ConfigError, load_config
 
     config = load_config(path, model_file=model)
     problems = check_access(config)
+    missing = missing_dependency(config.streams)
+    if missing:
+        problems.append(missing)
     summary = ""
     if model:
         from streamd.checks.model import check_model

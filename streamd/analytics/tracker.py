@@ -19,7 +19,9 @@ predict/update run on all tracks at once. No Python loop runs over box pairs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +44,26 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     inter = iw * ih
     union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
     return inter / np.maximum(union, 1e-12)  # union 0 only for empty boxes, whose inter is 0
+
+
+def missing_dependency(streams: Sequence[Any]) -> str | None:
+    """One line when a stream tracks and ``lap`` cannot be imported, else None. ``assign`` imports it only at
+    the first ambiguous match, which can come minutes into a run and then stops the worker's pipeline (the
+    fifteenth session's GPU box lacked it); the daemon and ``streamd check`` ask here first."""
+    tracked = [i for i, s in enumerate(streams) if s.tracking.enabled]
+    if not tracked:
+        return None
+    try:
+        import lap  # noqa: F401
+    except ImportError as exc:
+        i = tracked[0]
+        more = f" and {len(tracked) - 1} more" if len(tracked) > 1 else ""
+        return (
+            f"streams[{i}].tracking.enabled (stream {streams[i].id}{more}): tracking needs the lap package, "
+            f"which cannot be imported ({exc}); pip install 'lap>=0.5' (a streamd dependency), "
+            "or set tracking: {enabled: false}"
+        )
+    return None
 
 
 def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:

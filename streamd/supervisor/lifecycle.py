@@ -29,9 +29,10 @@ import time
 from types import FrameType
 
 from streamd import logutil, systemd
+from streamd.analytics.tracker import missing_dependency
 from streamd.cluster import join_cluster
 from streamd.config import Config, StreamConfig
-from streamd.exitcodes import EX_CANTCREAT, EX_FAILURE, EX_UNAVAILABLE, StartupError
+from streamd.exitcodes import EX_CANTCREAT, EX_CONFIG, EX_FAILURE, EX_UNAVAILABLE, StartupError
 from streamd.protocol import Abort, Resume
 from streamd.sinks import SinkSet
 from streamd.sinks.base import LineSink
@@ -148,6 +149,9 @@ class Supervisor:
         """Metrics port and sinks first (a taken port or an unwritable file fails before any model loads)."""
         cfg = self.config
         metrics = None
+        missing = missing_dependency(cfg.streams)  # tracking's lap: now, not at its first ambiguous match
+        if missing:
+            raise StartupError(missing, EX_CONFIG)
         if self._api_error is not None:  # an unreadable token or state file
             raise self._api_error
         if self._cluster_error is not None:  # etcd unreachable, a bad stream list key

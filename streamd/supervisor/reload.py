@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamd.analytics.tracker import missing_dependency
 from streamd.config import Config, ConfigError, StreamConfig, load_config
 
 
@@ -98,6 +99,9 @@ def reread(
             new = apply_overlay(new, overlay, overlay_label)
     except ConfigError as exc:
         return None, list(exc.problems)
+    missing = missing_dependency(new.streams)  # a reload that turns tracking on
+    if missing:
+        return None, [missing]
     if new.model != running.model:
         from streamd.checks.model import check_model
 
