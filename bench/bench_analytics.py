@@ -56,6 +56,23 @@ def cpu_ms_per_frame(fn, dets: list[Detections]) -> float:
     return (time.process_time() - t) / len(dets) * 1e3
 
 
+def skipped_cpu_ms(hook: StreamAnalytics, dets: list[Detections]) -> float:
+    """CPU ms per skipped frame at 30 fps with ``detect_fps`` set: ``skip`` and the predicted line it hands
+    back (``tracking.fill_skipped``); the detected frames' ``annotate`` runs but is not counted."""
+    spent, skipped = 0.0, 0
+    for k, det in enumerate(dets):
+        frame = Frame("cam", k, k / 30, 1920, 1080, wall_time=k / 30)
+        if hook.should_detect(frame):
+            result = FrameResult(frame, det, {"decode": 1.0, "queue": 1.0, "total": 2.0})
+            encode_all(hook.annotate(result), COCO_NAMES)
+            continue
+        t = time.process_time()
+        encode_all(hook.skip(frame), COCO_NAMES)
+        spent += time.process_time() - t
+        skipped += 1
+    return spent / max(skipped, 1) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=2000)
@@ -73,6 +90,10 @@ def main() -> None:
         "tracking + zone + events": {
             "streams": [{"id": "cam", "url": "v.mp4", "zones": [zone]}],
             "tracking": {"enabled": True},
+        },
+        "fill: a skipped frame (detect_fps 10)": {
+            "streams": [{"id": "cam", "url": "v.mp4", "detect_fps": 10}],
+            "tracking": {"enabled": True, "fill_skipped": True},
         },
         "+ dwell + 4 lines": {
             "streams": [{"id": "cam", "url": "v.mp4", "zones": [{**zone, "dwell_s": 2}], "lines": lines}],
@@ -94,6 +115,9 @@ def main() -> None:
                     output._dumps = fast
             elif data is None:
                 row[name] = cpu_ms_per_frame(lambda r: frame_line(r, COCO_NAMES), dets)
+            elif name.startswith("fill"):
+                hook = StreamAnalytics(parse_config(data, tmp).streams[0], COCO_NAMES)
+                row[name] = skipped_cpu_ms(hook, dets)
             else:
                 hook = StreamAnalytics(parse_config(data, tmp).streams[0], COCO_NAMES)
                 row[name] = cpu_ms_per_frame(lambda r, h=hook: encode_all(h.annotate(r), COCO_NAMES), dets)

@@ -56,8 +56,9 @@ def stream_time(frame: Frame) -> float:
 
 
 def _without_pixels(frame: Frame) -> Frame:
-    """The frame's stamps only: a held skipped frame must not keep its picture (or decoder surface) alive."""
-    return dataclasses.replace(frame, image=None, surface=None)
+    """The frame's stamps only: a held skipped frame must not keep its picture (host, pending conversion, or
+    decoder surface) alive."""
+    return dataclasses.replace(frame, image=None, surface=None, pending=None)
 
 
 def _keep(det: Detections, rows: Any) -> Detections:
@@ -254,10 +255,10 @@ class StreamAnalytics:
         """The tracks' predicted boxes at a skipped frame, clipped to it."""
         assert self.tracker is not None
         p = self.tracker.predict(frame.index)
-        xyxy = p.xyxy.copy()
+        xyxy = p.xyxy  # new arrays each call: clipped in place
         if len(xyxy):
-            np.clip(xyxy[:, 0::2], 0, frame.width, out=xyxy[:, 0::2])
-            np.clip(xyxy[:, 1::2], 0, frame.height, out=xyxy[:, 1::2])
+            w, h = frame.width, frame.height
+            np.clip(xyxy, 0, np.array((w, h, w, h), np.float32), out=xyxy)
         det = Detections(xyxy, p.score, p.class_id)
         track_id, track_age, zones = p.track_id, p.track_age, None
         zone_names: Sequence[str] = ()

@@ -87,6 +87,22 @@ def test_fill_skipped_lines_in_frame_order_whatever_the_timing(tmp_path):
     assert json.loads(line)["frame"] == 7 and json.loads(line)["predicted"] is True
 
 
+def test_a_held_skipped_frame_keeps_no_picture(tmp_path):
+    """A skipped frame waiting for an earlier detection holds its stamps only: no host image, no picture
+    pending conversion (the CPU decoder's), no decoder surface."""
+    import dataclasses
+
+    cfg = config(tmp_path, detect_fps=5, tracking={"fill_skipped": True})
+    a = StreamAnalytics(cfg.streams[0], COCO_NAMES)
+    assert a.should_detect(frame(0))  # in flight: the next skipped frame is held
+    picture = np.zeros((576, 768, 3), np.uint8)
+    skipped = dataclasses.replace(frame(1), image=picture, surface=object(), pending=object())
+    assert not a.should_detect(skipped) and a.skip(skipped) == []
+    (held,) = a._held
+    assert (held.image, held.surface, held.pending) == (None, None, None)
+    assert (held.index, held.pts, held.wall_time) == (1, skipped.pts, skipped.wall_time)
+
+
 def test_dropped_frame_does_not_hold_lines_forever(tmp_path):
     cfg = config(tmp_path, detect_fps=5, tracking={"fill_skipped": True})
     a = StreamAnalytics(cfg.streams[0], COCO_NAMES)

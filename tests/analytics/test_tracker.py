@@ -163,3 +163,36 @@ def test_zone_events_balance():
     events.update(np.array([7, -1]), np.array([0, 0]), np.array([[True], [True]]))
     assert [e.event for e in events.end([7, 8])] == ["leave"]
     assert events.counts == {"enter": 2, "dwell": 0, "leave": 2}
+
+
+def test_predict_is_the_kalman_mean_of_the_tracks_seen_last():
+    """``predict`` (cached between updates, mean only) against the filter written out here: every seen track's
+    state through ``kalman_predict``, its box through ``xyah_to_xyxy``, over walkers with misses and skips."""
+    from streamd.analytics.tracker import kalman_predict, xyah_to_xyxy
+
+    rng = np.random.default_rng(7)
+    tracker = ByteTracker(TrackingConfig(enabled=True))
+    pos = rng.uniform(100, 900, (12, 2))
+    vel = rng.normal(0, 5, (12, 2))
+    checked = 0
+    for index in range(0, 300, 3):  # detected every third frame; 1 and 2 after each are predicted
+        pos += 3 * vel
+        shown = rng.uniform(0, 1, 12) > 0.2
+        half = np.array([20.0, 40.0])
+        boxes = np.concatenate([pos - half, pos + half], 1)[shown].astype(np.float32)
+        tracker.update(
+            boxes, np.full(len(boxes), 0.9, np.float32), np.zeros(len(boxes), np.int32), index, index / 30
+        )
+        rows = np.nonzero(tracker.seen_now)[0]
+        for skip in (1, 2, 1):  # the same frame twice: the cache must not drift
+            p = tracker.predict(index + skip)
+            mean, _ = kalman_predict(tracker.mean[rows], tracker.var[rows], float(skip))
+            np.testing.assert_array_equal(p.xyxy, xyah_to_xyxy(mean).astype(np.float32))
+            np.testing.assert_array_equal(p.track_id, tracker.ids[rows])
+            np.testing.assert_array_equal(p.track_age, index + skip - tracker.first[rows])
+            np.testing.assert_array_equal(p.score, tracker.score[rows])
+            np.testing.assert_array_equal(p.class_id, tracker.cls[rows])
+            p.xyxy[:] = -1  # a caller clipping in place changes nothing the next call sees
+            p.score[:] = -1
+            checked += len(rows)
+    assert checked > 1000
