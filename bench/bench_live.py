@@ -61,6 +61,7 @@ def config_text(
     model: Path = MODEL,
     model_keys: tuple[str, ...] = (),
     engine_keys: tuple[str, ...] = (),
+    pipeline_keys: tuple[str, ...] = (),
     input_size: tuple[int, int] | None = None,
     detect_fps: float | None = None,
     fill_skipped: bool = True,
@@ -88,6 +89,8 @@ def config_text(
     if lanes != 1:
         engine_lines += f"  lanes: {lanes}\n"
     engine_lines += "".join(f"  {k}\n" for k in engine_keys)
+    # "key=value" too: tools/gpu_models.sh splits its ROWS on spaces
+    pipeline_lines = "".join(f"  {k if ': ' in k else k.replace('=', ': ', 1)}\n" for k in pipeline_keys)
     tracking = ""
     if detect_fps and fill_skipped and "tracking:" not in extra:
         tracking = "tracking:\n  enabled: true\n  fill_skipped: true\n"
@@ -95,7 +98,7 @@ def config_text(
         f"streams:\n{streams}"
         f"model:\n{model_lines}"
         f"engine:\n{engine_lines}"
-        f"pipeline:\n  batch_size: {batch}\n  workers: {workers}\n{extra}"
+        f"pipeline:\n  batch_size: {batch}\n  workers: {workers}\n{extra}{pipeline_lines}"
         f"{tracking}"
         f"sinks:\n  - type: jsonl\n    path: {out}\n    queue_size: 200000\n"
         "log_level: info\n"
@@ -329,7 +332,7 @@ def live_run(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
         extra="" if spare else "  spare_worker: false\n", realtime=realtime, devices=tuple(args.devices),
         model=args.model, model_keys=tuple(args.model_key), engine_keys=tuple(args.engine_key),
-        detect_fps=args.detect_fps,
+        pipeline_keys=tuple(args.pipeline_key), detect_fps=args.detect_fps,
         input_size=tuple(args.input_size) if args.input_size else None, fill_skipped=not args.no_fill_skipped,
         precision=args.precision, compile=args.compile, lanes=args.lanes,
     )  # fmt: skip
@@ -344,6 +347,8 @@ def live_run(
         row["devices"] = list(args.devices)
     if extra:
         row["extra"] = extra.strip()
+    if args.pipeline_key:
+        row["pipeline_keys"] = list(args.pipeline_key)
     if args.model != MODEL:
         row["model"] = args.model.name
     if args.detect_fps:
@@ -761,6 +766,10 @@ def main() -> int:
         "--engine-key", action="append", default=[], metavar="'KEY: VALUE'",
         help="an extra engine: line, e.g. 'verify: false' for a model with random weights whose fp16 "
         "detections differ from fp32 (its cost is what is measured) (repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--pipeline-key", action="append", default=[], metavar="'KEY: VALUE'",
+        help="an extra pipeline: line, e.g. 'ring_slots: 2' or ring_slots=2 (repeatable)",
     )  # fmt: skip
     ap.add_argument(
         "--no-spare", action="store_true",

@@ -65,12 +65,13 @@ def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
 
     text = config_text(
         CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1", engine_keys=("verify: false",),
-        extra="  spare_worker: false\n", lanes=2,
+        extra="  spare_worker: false\n", lanes=2, pipeline_keys=("ring_slots: 6", "batch_timeout_ms=5"),
     )  # fmt: skip
     (tmp_path / "c.yaml").write_text(text)
     config = load_config(tmp_path / "c.yaml")
     assert config.engine.verify is False and config.engine.lanes == 2
     assert config.pipeline.spare_worker is False
+    assert config.pipeline.ring_slots == 6 and config.pipeline.batch_timeout_ms == 5
     default = config_text(CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1")
     (tmp_path / "d.yaml").write_text(default)
     assert load_config(tmp_path / "d.yaml").engine.verify is not False

@@ -2,12 +2,13 @@
 # What a GPU session carries beside the tree, made on this (PyPI-connected) machine in one go; every piece is
 # gitignored and a new checkout has none of them. The device tool carries 64 MiB with the tree (~55 MB).
 #
-#   tools/gpu_carry.sh [live] [spy] [zoo] [clip]     # default: live spy clip (zoo: only for the zoo builds)
+#   tools/gpu_carry.sh [live] [spy] [zoo] [torch] [lap] [clip]   # default: live spy clip
 #
-#   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson and lap (cp312;
-#         lap, 1.7 MB, is tracking's assignment: rows with detect_fps and fill need it)
+#   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson (cp312)
+#   lap   .whl-lap/: lap (cp312, 1.7 MB), tracking's assignment: rows with detect_fps need it
 #   spy   .whl-spy/: py-spy (~3 MB), for `tools/gpu_models.sh gil|host`
 #   zoo   .whl-zoo/: tools/zoo_wheels.txt + the YOLOX sdist (~3.7 MB), for the zoo builds on the box
+#   torch .whl-torch/: onnx2torch and onnxslim only (0.3 MB): the torch engine where no zoo is built
 #   clip  .assets-work/live1080.mp4: the bundled vtest footage at 1920x1080, 30 fps, 60 s, H.264 with
 #         B-frames (~4-5 MB), the clip of the live rows since the tenth session; and ramp1080.mp4, its
 #         first 30 s (for the ramp mode)
@@ -27,11 +28,21 @@ for what in "${WANT[@]}"; do
         rm -f .whl/pynvvideocodec-* .whl-live/*  # one version only: the slim script and install() take the first
         python3 -m pip download -q "${PY[@]}" -d .whl PyNvVideoCodec
         tools/slim_pynvvideocodec.sh >/dev/null
-        python3 -m pip download -q "${PY[@]}" -d .whl-live orjson "lap>=0.5"  # lap: tracking (detect_fps fill)
+        python3 -m pip download -q "${PY[@]}" -d .whl-live orjson
+        ;;
+    lap)  # tracking's assignment (1.7 MB): rows with detect_fps (tracking fills the skipped frames)
+        mkdir -p .whl-lap
+        python3 -m pip download -q "${PY[@]}" -d .whl-lap "lap>=0.5"
         ;;
     spy)
         mkdir -p .whl-spy
         python3 -m pip download -q "${PY[@]}" -d .whl-spy py-spy
+        ;;
+    torch)  # the torch engine's converter alone (330 kB), for modes that build no zoo model (gil, host, ramp)
+        mkdir -p .whl-torch
+        grep -E "^(onnx2torch|onnxslim)==" tools/zoo_wheels.txt | cut -d' ' -f1 >.whl-torch/req.txt
+        python3 -m pip download -q "${PY[@]}" -d .whl-torch -r .whl-torch/req.txt
+        rm .whl-torch/req.txt
         ;;
     zoo)
         mkdir -p .whl-zoo
@@ -53,10 +64,10 @@ for what in "${WANT[@]}"; do
         [[ -f .assets-work/ramp1080.mp4 ]] || ffmpeg -nostdin -hide_banner -loglevel error -y \
             -i .assets-work/live1080.mp4 -t 30 -c copy .assets-work/ramp1080.mp4
         ;;
-    *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, clip)" >&2; exit 2 ;;
+    *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, torch, lap, clip)" >&2; exit 2 ;;
     esac
 done
-du -sh .whl-live .whl-spy .whl-zoo .assets-work/*.mp4 2>/dev/null || true
+du -sh .whl-live .whl-spy .whl-zoo .whl-torch .whl-lap .assets-work/*.mp4 2>/dev/null || true
 # the device tool carries the tree and the named pieces together, 64 MiB in all (the fourteenth session's
 # tree + zoo + live + spy + the 60-s clip was 64.8 MiB: carry py-spy with a shorter clip, RAMP_CLIP)
 tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)

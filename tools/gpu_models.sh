@@ -25,23 +25,26 @@
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
 # Env for live rows: TASKSET (cores the daemon is pinned to), ROWS_MODELS (zoo families to build; default
-# yolov8s rtdetr-l). The fourteenth session ran 120 compiled YOLOv8s cameras clean under MPS, profiled the
-# start-up ramp (one worker: no GIL-bound step) and made RT-DETR compile on the GPU (bench/RESULTS.md "120
-# YOLOv8s cameras under MPS"). Next, in this order (a cold start costs 1-2 min of device time; chain calls, the
-# machine idles out in 30 s; a call can be lost when the machine is taken back):
-#   1. CEIL_MODELS=rtdetr-l CEIL_VARIANTS="graphs compile" CEIL_B="8 32 64" tools/gpu_models.sh ceiling
-#      (RT-DETR-l compiled: img/s, compile time; Inductor on the tiny one took ~3 min)
-#   2. LIVE_TIMEOUT_S=560 LIVE_BUDGET_S=560 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 40 --workers 2 --batch 16 \
-#        --compile --engine-img-s <1.> --warmup 20 --start-timeout 480" tools/gpu_models.sh rows   # point 2
-#   3. the same with ROWS="mps:rtdetr-l 96 --workers 4 --batch 16 --compile --detect-fps 10 --warmup 20
-#        --start-timeout 480" (point 4: >= 3x the full-rate count at p99 <= 100 ms); the Inductor cache of
-#        call 1 is still on the machine if it stayed warm (else each compile starts cold)
-#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
-#      .whl-spy .whl-live .whl-zoo and that clip, not live1080.mp4: 64 MiB): is the ramp NVDEC creation
-#      serialised across processes?
-# Carry (tools/gpu_carry.sh makes them): .whl-zoo (tools/zoo_wheels.txt: ultralytics, onnx2torch, onnxslim, …; the
-# torch engine needs onnx2torch and onnxslim even where no zoo is built), .whl-live
-# (tools/slim_pynvvideocodec.sh) and, for live/memory, .assets-work/live1080.mp4. STREAMD_COMMIT=<hash>.
+# yolov8s rtdetr-l); bench_live's --pipeline-key ring_slots=2 (key=value: ROWS splits on spaces) sets a
+# pipeline key. The fifteenth session measured RT-DETR-l compiled (1,610 img/s at b64), ran 44 clean live
+# RT-DETR-l cameras (2 workers, MPS), 132 at detect_fps 10 (0 drops, p99 269 ms) and one worker's GIL at
+# 66 cameras detect_fps 10 (bench/RESULTS.md "RT-DETR-l compiled"). Next, in this order (a cold start costs
+# 1-2 min of device time; chain calls, the machine idles out in 30 s; compiled rows start in ~100 s on a warm
+# Inductor cache, ~200 s cold; a call can be lost when the machine is taken back):
+#   1. ROWS_MODELS=rtdetr-l LIVE_TIMEOUT_S=280 LIVE_BUDGET_S=280 ROWS="mps:rtdetr-l 48 --workers 2 --batch 16 \
+#        --compile --engine-img-s 1579 --warmup 20 --start-timeout 240; mps:rtdetr-l 46 …" tools/gpu_models.sh
+#        rows (carry .whl-zoo .whl-live .assets-work/live1080.mp4: 48 missed by 0.7 ms on the 30-s clip that
+#        loops inside the window)
+#   2. point 4's latency, the queue rule (p50 ≈ batch x ring_slots x workers sharing the GPU / img/s):
+#        ROWS="mps:rtdetr-l 132 --workers 5 --batch 8 --pipeline-key ring_slots=2 --compile --detect-fps 10
+#        --engine-img-s 1579 --warmup 20 --start-timeout 240" (carry also .whl-lap; CLIP=ramp1080.mp4 if the
+#        carry is short), then --workers 4 if 5 x 8 cannot carry 1,320 img/s
+#   3. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
+#      .whl-spy .whl-live .whl-torch and that clip): is NVDEC creation serialised across processes?
+# Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
+# (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
+# zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
+# (gil, host, ramp), .assets-work/live1080.mp4 or CLIP=… . STREAMD_COMMIT=<hash>.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO" || exit 2
@@ -56,16 +59,51 @@ trap 'tar czf "$OUT/$MODE.tgz" -C "$RES" . 2>/dev/null; cp "$RES/summary.txt" "$
 
 say() { echo "$@" | tee -a "$RES/summary.txt"; }
 
+preflight() {  # what the mode needs carried, checked before a device minute goes into it (the fifteenth
+    # session lost 4 calls to a missing onnx2torch, /tmp/site and lap)
+    local missing=() clip="$CLIP"
+    [[ "$MODE" == ramp ]] && clip="${RAMP_CLIP:-$CLIP}"
+    ls .whl-zoo/onnx2torch-*.whl .whl-torch/onnx2torch-*.whl >/dev/null 2>&1 || [[ -d /tmp/site/onnx2torch ]] \
+        || missing+=(".whl-zoo or .whl-torch (onnx2torch, onnxslim: the torch engine; tools/gpu_carry.sh torch)")
+    case "$MODE" in
+    live | rows | memory | gil | host | ramp)
+        [[ -f "$clip" ]] || missing+=("$clip (tools/gpu_carry.sh clip; CLIP=... names another)")
+        ls .whl-live/*.tar.xz >/dev/null 2>&1 || [[ -d /tmp/site/PyNvVideoCodec ]] \
+            || missing+=(".whl-live (PyNvVideoCodec; tools/gpu_carry.sh live)")
+        ;;
+    esac
+    if [[ "$MODE" == live || "${ROWS:-}" == *detect-fps* || -n "${GIL_DETECT_FPS:-}" ]]; then  # tracking fills
+        ls .whl-lap/lap-*.whl >/dev/null 2>&1 || [[ -d /tmp/site/lap ]] \
+            || missing+=(".whl-lap (tracking; tools/gpu_carry.sh lap)")
+    fi
+    case "$MODE" in
+    gil | ramp | host) ls .whl-spy/*.whl >/dev/null 2>&1 || missing+=(".whl-spy (py-spy; tools/gpu_carry.sh spy)") ;;
+    esac
+    if ((${#missing[@]})); then
+        say "not carried: ${missing[*]}"
+        exit 2
+    fi
+}
+
 install() {
+    preflight
     mkdir -p /tmp/site  # the zoo wheels make it; host and gil modes carry none
     if [[ ! -d /tmp/site/ultralytics ]] && ls .whl-zoo/*.whl >/dev/null 2>&1; then  # host, gil: no zoo needed
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-zoo/*.whl \
             >"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
     fi
+    if [[ ! -d /tmp/site/onnx2torch ]] && ls .whl-torch/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-torch/*.whl \
+            >>"$RES/pip.txt" 2>&1 || { say "pip install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
+    fi
     for t in .whl-live/*.tar.xz; do [[ -f "$t" && ! -d /tmp/site/PyNvVideoCodec ]] && tar xJf "$t" -C /tmp/site; done
-    if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson || ! -d /tmp/site/lap ]]; then  # orjson, lap (cp312)
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl-live/*.whl \
+    if ls .whl-live/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/orjson ]]; then  # orjson (cp312, 130 kB)
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-live/*.whl \
             >>"$RES/pip.txt" 2>&1 || say "orjson install failed: lines through stdlib json"
+    fi
+    if ls .whl-lap/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/lap ]]; then  # a warm machine may lack it
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-lap/*.whl \
+            >>"$RES/pip.txt" 2>&1 || { say "lap install failed: $(tail -3 "$RES/pip.txt")"; exit 2; }
     fi
     python3 -c "import orjson" 2>/dev/null || say "no orjson: the JSON lines go through stdlib json"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$RES/gpu.txt"
@@ -225,7 +263,7 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; �
 gil)  # who holds the GIL in one worker at GIL_N cameras (bundled NanoDet, one worker, live, fp16; GIL_DETECT_FPS=10
     # detects a third of the frames and tracking fills the rest): the host
     # limit of a worker (RESULTS "Live density with real-size detectors": 1 ms of host CPU per frame at 24-30
-    # cameras, 7 ms at 112). Carry .whl-live, .whl-spy (py-spy wheel) and the clip (no zoo needed).
+    # cameras, 7 ms at 112). Carry .whl-live, .whl-spy, .whl-torch (no zoo needed) and the clip.
     install
     python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl-spy/*.whl >>"$RES/pip.txt" 2>&1 \
         || { say "py-spy install failed"; exit 2; }
