@@ -39,7 +39,10 @@
 #        ROWS="mps:rtdetr-l 132 --workers 5 --batch 8 --pipeline-key ring_slots=2 --compile --detect-fps 10
 #        --engine-img-s 1579 --warmup 20 --start-timeout 240" (carry also .whl-lap; CLIP=ramp1080.mp4 if the
 #        carry is short), then --workers 4 if 5 x 8 cannot carry 1,320 img/s
-#   3. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
+#   3. ROWS_MODELS=yolov8s ROWS="yolov8s 24 --workers 1 --batch 16 --compile --engine-img-s 4506 --warmup 20"
+#      rows: a compiled YOLOv8s worker's GPU memory on the current tree (streamd/checks/memory.py COMPILE_MB:
+#      +2.5 GB from rows compiled twice before the fourteenth session's fix; RT-DETR-l now shows none)
+#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
 #      .whl-spy .whl-live .whl-torch and that clip): is NVDEC creation serialised across processes?
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no

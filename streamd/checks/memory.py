@@ -42,7 +42,12 @@ ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # engine.compile (torch engine): what a compiled worker held beyond the uncompiled estimate in the thirteenth
 # session's live rows (bench/RESULTS.md "Compiled YOLOv8s workers live"; YOLOv8s batch 16, 24 cameras per
 # worker, 9 workers: 5,917-7,671 MB, mean 6,429 against 3,865 estimated uncompiled). Why is not measured
-# (bench_engines' single compiled engine held 5 % less than graphs alone); one model, so a constant.
+# (bench_engines' single compiled engine held 5 % less than graphs alone); one model, so a constant. The
+# fifteenth session's compiled RT-DETR-l workers (tree ecfb73a, batch 16, 22-26 cameras: 4,711-5,100 MB) fit
+# the *uncompiled* estimate within 5 %, so this constant overestimates them by ~50 %. Those rows ran after the
+# fourteenth session's fix of a second, whole-graph compile at the first pipeline call (a dispatch-key guard),
+# which may have been YOLOv8s's 2.5 GB; until a compiled YOLOv8s worker is measured again the constant stays
+# (an estimate too high warns early; one too low lets a config run out of memory at start).
 COMPILE_MB = 2560.0
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
