@@ -91,13 +91,13 @@ def main() -> None:
             "streams": [{"id": "cam", "url": "v.mp4", "zones": [zone]}],
             "tracking": {"enabled": True},
         },
-        "fill: a skipped frame (detect_fps 10)": {
-            "streams": [{"id": "cam", "url": "v.mp4", "detect_fps": 10}],
-            "tracking": {"enabled": True, "fill_skipped": True},
-        },
         "+ dwell + 4 lines": {
             "streams": [{"id": "cam", "url": "v.mp4", "zones": [{**zone, "dwell_s": 2}], "lines": lines}],
             "tracking": {"enabled": True},
+        },
+        "fill: a skipped frame (detect_fps 10)": {
+            "streams": [{"id": "cam", "url": "v.mp4", "detect_fps": 10}],
+            "tracking": {"enabled": True, "fill_skipped": True},
         },
     }
     rows = []

@@ -89,8 +89,9 @@ def config_text(
     if lanes != 1:
         engine_lines += f"  lanes: {lanes}\n"
     engine_lines += "".join(f"  {k}\n" for k in engine_keys)
-    # "key=value" too: tools/gpu_models.sh splits its ROWS on spaces
-    pipeline_lines = "".join(f"  {k if ': ' in k else k.replace('=', ': ', 1)}\n" for k in pipeline_keys)
+    # "key=value" and "key:value" too: tools/gpu_models.sh splits its ROWS on spaces
+    keys = (k if ": " in k else re.sub("[=:]", ": ", k, count=1) for k in pipeline_keys)
+    pipeline_lines = "".join(f"  {k}\n" for k in keys)
     tracking = ""
     if detect_fps and fill_skipped and "tracking:" not in extra:
         tracking = "tracking:\n  enabled: true\n  fill_skipped: true\n"

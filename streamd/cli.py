@@ -124,7 +124,7 @@ def _check(path: str, model: bool) -> int:
 
     config = load_config(path, model_file=model)
     problems = check_access(config)
-    missing = missing_dependency(config.streams)
+    missing = missing_dependency(config.streams, config.tracking)
     if missing:
         problems.append(missing)
     summary = ""

@@ -65,7 +65,7 @@ def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
 
     text = config_text(
         CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1", engine_keys=("verify: false",),
-        extra="  spare_worker: false\n", lanes=2, pipeline_keys=("ring_slots: 6", "batch_timeout_ms=5"),
+        lanes=2, pipeline_keys=("ring_slots: 6", "batch_timeout_ms:5", "spare_worker=false"),
     )  # fmt: skip
     (tmp_path / "c.yaml").write_text(text)
     config = load_config(tmp_path / "c.yaml")

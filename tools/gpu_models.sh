@@ -32,7 +32,7 @@
 # 1-2 min of device time; chain calls, the machine idles out in 30 s; compiled rows start in ~100 s on a warm
 # Inductor cache, ~200 s cold; a call can be lost when the machine is taken back):
 #   1. ROWS_MODELS=rtdetr-l LIVE_TIMEOUT_S=280 LIVE_BUDGET_S=280 ROWS="mps:rtdetr-l 48 --workers 2 --batch 16 \
-#        --compile --engine-img-s 1579 --warmup 20 --start-timeout 240; mps:rtdetr-l 46 …" tools/gpu_models.sh
+#        --compile --engine-img-s 1579 --warmup 20 --start-timeout 240; mps:rtdetr-l 46 <the same>" gpu_models.sh
 #        rows (carry .whl-zoo .whl-live .assets-work/live1080.mp4: 48 missed by 0.7 ms on the 30-s clip that
 #        loops inside the window)
 #   2. point 4's latency, the queue rule (p50 ≈ batch x ring_slots x workers sharing the GPU / img/s):
@@ -66,21 +66,20 @@ preflight() {  # what the mode needs carried, checked before a device minute goe
     # session lost 4 calls to a missing onnx2torch, /tmp/site and lap)
     local missing=() clip="$CLIP"
     [[ "$MODE" == ramp ]] && clip="${RAMP_CLIP:-$CLIP}"
-    ls .whl-zoo/onnx2torch-*.whl .whl-torch/onnx2torch-*.whl >/dev/null 2>&1 || [[ -d /tmp/site/onnx2torch ]] \
+    has() { compgen -G "$1" >/dev/null || python3 -c "import $2" 2>/dev/null; }  # carried, or importable already
+    has ".whl-zoo/onnx2torch-*.whl" onnx2torch || has ".whl-torch/onnx2torch-*.whl" onnx2torch \
         || missing+=(".whl-zoo or .whl-torch (onnx2torch, onnxslim: the torch engine; tools/gpu_carry.sh torch)")
     case "$MODE" in
     live | rows | memory | gil | host | ramp)
         [[ -f "$clip" ]] || missing+=("$clip (tools/gpu_carry.sh clip; CLIP=... names another)")
-        ls .whl-live/*.tar.xz >/dev/null 2>&1 || [[ -d /tmp/site/PyNvVideoCodec ]] \
-            || missing+=(".whl-live (PyNvVideoCodec; tools/gpu_carry.sh live)")
+        has ".whl-live/*.tar.xz" PyNvVideoCodec || missing+=(".whl-live (PyNvVideoCodec; tools/gpu_carry.sh live)")
         ;;
     esac
     if [[ "$MODE" == live || "${ROWS:-}" == *detect-fps* || -n "${GIL_DETECT_FPS:-}" ]]; then  # tracking fills
-        ls .whl-lap/lap-*.whl >/dev/null 2>&1 || [[ -d /tmp/site/lap ]] \
-            || missing+=(".whl-lap (tracking; tools/gpu_carry.sh lap)")
+        has ".whl-lap/lap-*.whl" lap || missing+=(".whl-lap (tracking; tools/gpu_carry.sh lap)")
     fi
     case "$MODE" in
-    gil | ramp | host) ls .whl-spy/*.whl >/dev/null 2>&1 || missing+=(".whl-spy (py-spy; tools/gpu_carry.sh spy)") ;;
+    gil | ramp | host) compgen -G ".whl-spy/*.whl" >/dev/null || missing+=(".whl-spy (py-spy; tools/gpu_carry.sh spy)") ;;
     esac
     if ((${#missing[@]})); then
         say "not carried: ${missing[*]}"

@@ -46,24 +46,36 @@ def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(union, 1e-12)  # union 0 only for empty boxes, whose inter is 0
 
 
-def missing_dependency(streams: Sequence[Any]) -> str | None:
-    """One line when a stream tracks and ``lap`` cannot be imported, else None. ``assign`` imports it only at
-    the first ambiguous match, which can come minutes into a run and then stops the worker's pipeline (the
-    fifteenth session's GPU box lacked it); the daemon and ``streamd check`` ask here first."""
+LAP_FIX = "pip install 'lap>=0.5' (a streamd dependency), or set tracking: {enabled: false}"
+
+
+def lap_missing() -> str | None:
+    """Why ``import lap`` fails, None when it works. ``assign`` imports it only at the first ambiguous match,
+    which can come minutes into a run and then stops the worker's pipeline (the fifteenth session's GPU box
+    lacked it); start-up, reloads, the control API and the cluster's stream list ask here first."""
+    try:
+        import lap  # noqa: F401
+    except Exception as exc:  # ImportError, or a build for another numpy ("dtype size changed")
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def missing_dependency(streams: Sequence[Any], tracking: Any = None) -> str | None:
+    """One line when a stream tracks and lap cannot be imported, else None. ``tracking``: the config's global
+    section; when it turns tracking on, the line names ``tracking.enabled`` instead of the stream's key."""
     tracked = [i for i, s in enumerate(streams) if s.tracking.enabled]
     if not tracked:
         return None
-    try:
-        import lap  # noqa: F401
-    except ImportError as exc:
-        i = tracked[0]
-        more = f" and {len(tracked) - 1} more" if len(tracked) > 1 else ""
-        return (
-            f"streams[{i}].tracking.enabled (stream {streams[i].id}{more}): tracking needs the lap package, "
-            f"which cannot be imported ({exc}); pip install 'lap>=0.5' (a streamd dependency), "
-            "or set tracking: {enabled: false}"
-        )
-    return None
+    why = lap_missing()
+    if why is None:
+        return None
+    i = tracked[0]
+    key = "tracking.enabled" if getattr(tracking, "enabled", False) else f"streams[{i}].tracking.enabled"
+    more = f" and {len(tracked) - 1} more" if len(tracked) > 1 else ""
+    return (
+        f"{key} (stream {streams[i].id}{more}): tracking needs the lap package, which cannot be imported "
+        f"({why}); {LAP_FIX}"
+    )
 
 
 def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +87,7 @@ def assign(iou: np.ndarray, min_iou: float) -> tuple[np.ndarray, np.ndarray]:
     if (gate.sum(0) <= 1).all() and (gate.sum(1) <= 1).all():  # no conflict: the gated pairs are the optimum
         rows, cols = np.nonzero(gate)
         return rows.astype(np.int64), cols.astype(np.int64)
-    import lap  # small C extension (numpy only); imported here so config checks never need it
+    import lap  # small C extension (numpy only); `streamd check` and start-up ask lap_missing() first
 
     _, x, _ = lap.lapjv(1.0 - iou, extend_cost=True, cost_limit=1.0 - min_iou)
     rows = np.nonzero(x >= 0)[0]
@@ -281,7 +293,8 @@ class ByteTracker:
 
     def predict(self, index: int) -> PredictedTracks:
         """Boxes of the tracks seen in the last update, predicted to frame ``index`` (state unchanged): the
-        mean of ``kalman_predict`` (its covariance is not needed for a box)."""
+        mean of ``kalman_predict`` (its covariance is not needed for a box). Every array returned is the
+        caller's (new each call): it may change them in place."""
         if self._shown is None:
             rows = np.nonzero(self.seen_now)[0]
             mean = self.mean[rows]
@@ -294,8 +307,9 @@ class ByteTracker:
                 self.first[rows],
             )
         pos, vel, score, cls, ids, first = self._shown
-        if not len(ids):
-            return PredictedTracks(np.zeros((0, 4), np.float32), score, cls, ids, first.copy())
-        dt = self._dt(index)
-        xyxy = xyah_to_xyxy(pos + dt * vel if dt > 0 else pos).astype(np.float32)
+        if len(ids):
+            dt = self._dt(index)
+            xyxy = xyah_to_xyxy(pos + dt * vel if dt > 0 else pos).astype(np.float32)
+        else:
+            xyxy = np.zeros((0, 4), np.float32)
         return PredictedTracks(xyxy, score.copy(), cls.copy(), ids.copy(), index - first)

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from streamd.analytics.tracker import missing_dependency
 from streamd.cluster.etcd import Etcd
 from streamd.config import Config, ConfigError, StreamConfig
 from streamd.config._fields import Problems
@@ -42,6 +43,9 @@ def parse_stream_list(text: str, label: str, config: Config) -> tuple[StreamConf
     )
     if problems.items:
         raise ConfigError(problems.messages())
+    missing = missing_dependency(streams, config.tracking)  # tracking's lap, before a node places them
+    if missing:
+        raise ConfigError([f"{label}: {missing}"])
     return streams
 
 

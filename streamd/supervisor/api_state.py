@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from streamd.analytics.tracker import LAP_FIX, lap_missing
 from streamd.config import BUNDLED_DEMO, Config, ConfigError, StreamConfig
 from streamd.config._fields import Problems, describe
 from streamd.config._yaml import load_yaml
@@ -55,6 +56,10 @@ def check_stream(raw: object, config: Config, prefix: str = "") -> tuple[StreamC
             key = prefix + path.removeprefix("streams[0]").lstrip(".")
             lines.append(f"{key}: {message}" if key else message)
         return None, lines or ["expected one stream with id: and url:"]
+    why = lap_missing() if streams[0].tracking.enabled else None
+    if why is not None:  # refused now, not at the tracker's first ambiguous match in a running worker
+        return None, [f"{prefix}tracking.enabled: tracking needs the lap package, which cannot be imported "
+                      f"({why}); {LAP_FIX}"]  # fmt: skip
     return streams[0], []
 
 

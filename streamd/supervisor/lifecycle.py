@@ -149,13 +149,15 @@ class Supervisor:
         """Metrics port and sinks first (a taken port or an unwritable file fails before any model loads)."""
         cfg = self.config
         metrics = None
-        missing = missing_dependency(cfg.streams)  # tracking's lap: now, not at its first ambiguous match
-        if missing:
-            raise StartupError(missing, EX_CONFIG)
         if self._api_error is not None:  # an unreadable token or state file
             raise self._api_error
         if self._cluster_error is not None:  # etcd unreachable, a bad stream list key
             raise self._cluster_error
+        # tracking's lap now, not at its first ambiguous match; a cluster node checks the whole list it places
+        streams = self.cluster.streams.streams if self.cluster is not None else cfg.streams
+        missing = missing_dependency(streams, cfg.tracking)
+        if missing:
+            raise StartupError(missing, EX_CONFIG)
         if self.cluster is not None:
             self.pool.fence = self.cluster.may_write  # no line for a stream this node no longer holds
             self.cluster.start()

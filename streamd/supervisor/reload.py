@@ -99,7 +99,7 @@ def reread(
             new = apply_overlay(new, overlay, overlay_label)
     except ConfigError as exc:
         return None, list(exc.problems)
-    missing = missing_dependency(new.streams)  # a reload that turns tracking on
+    missing = missing_dependency(new.streams, new.tracking)  # a reload that turns tracking on
     if missing:
         return None, [missing]
     if new.model != running.model:

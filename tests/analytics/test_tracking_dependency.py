@@ -75,3 +75,39 @@ def test_a_reload_that_turns_tracking_on_is_refused(tmp_path, monkeypatch):
     assert len(problems) == 1 and "streams[1].tracking.enabled (stream b)" in problems[0]
     new, problems = reread(_config(tmp_path, tracking=False), running)
     assert new is not None and problems == []
+
+
+def test_the_control_api_and_the_cluster_list_refuse_a_tracked_stream(tmp_path, monkeypatch):
+    from streamd.cluster.streams import parse_stream_list
+    from streamd.config import ConfigError, load_config
+    from streamd.supervisor.api_state import check_stream
+
+    config = load_config(_config(tmp_path, tracking=False))
+    monkeypatch.setitem(sys.modules, "lap", None)
+    tracked = {"id": "c", "url": str(CLIP), "tracking": {"enabled": True}}
+    stream, problems = check_stream(tracked, config, prefix="streams.c.")
+    assert stream is None and problems[0].startswith(
+        "streams.c.tracking.enabled: tracking needs the lap package"
+    )
+    stream, problems = check_stream({"id": "c", "url": str(CLIP)}, config)
+    assert stream is not None and problems == []
+    text = f"streams:\n  - id: c\n    url: {CLIP}\n    tracking: {{enabled: true}}\n"
+    try:
+        parse_stream_list(text, "etcd key /streamd/streams", config)
+    except ConfigError as exc:
+        assert "etcd key /streamd/streams: streams[0].tracking.enabled (stream c)" in exc.problems[0]
+    else:
+        raise AssertionError("a tracked stream list was accepted without lap")
+
+
+def test_the_global_tracking_section_is_named_when_it_turned_tracking_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "lap", None)
+    data = {
+        "streams": [{"id": "a", "url": str(CLIP)}, {"id": "b", "url": str(CLIP)}],
+        "tracking": {"enabled": True},
+    }
+    config = parse_config(data, tmp_path)
+    line = missing_dependency(config.streams, config.tracking)
+    assert line is not None and line.startswith(
+        "tracking.enabled (stream a and 1 more): tracking needs the lap"
+    )
