@@ -381,10 +381,14 @@ class Pipeline:
                 self.stages = None
 
     @property
+    def stage_failed(self) -> bool:
+        """A stage of the pipeline raised (the scheduler stopped): a bug or a broken engine, not a stream."""
+        return self.scheduler is not None and self.scheduler.error is not None
+
+    @property
     def failed(self) -> bool:
         """A stage failed or a stream gave up."""
-        error = self.scheduler is not None and self.scheduler.error is not None
-        return error or any(w.stats.state == "failed" for w in self.workers)
+        return self.stage_failed or any(w.stats.state == "failed" for w in self.workers)
 
     def stats(self) -> WorkerStats:
         """The worker's counters, per stream and its own (read from another thread: values may be a tick

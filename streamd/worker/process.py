@@ -114,13 +114,22 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     # A sign of life once a second for as long as the process lives (held, running, draining): a worker
     # that falls silent is wedged, and the supervisor kills it.
     threading.Thread(target=_heartbeat, args=(channel, pipeline), name="heartbeat", daemon=True).start()
+    restart = False
     try:
         _run(pipeline, channel, go, adoption)
+        # A stage failed (an exception in the worker's pipeline, not a stream's end): its streams would stay
+        # dark for the rest of the run. Exit instead, without Done, and the supervisor restarts the worker
+        # (with backoff, or onto the spare) and its streams go on after their newest line, as after a crash.
+        restart = pipeline.stage_failed and not pipeline.stop.is_set()
     finally:
         pipeline.close()
         logutil.flush_all()  # counts of repeated warnings still held back
         channel.send_stats(pipeline)
-        channel.send(Done(pipeline.failed))
+        if not restart:
+            channel.send(Done(pipeline.failed))
+    if restart:
+        log.error("worker %d: a pipeline stage failed (above); exiting, its streams restart", spec.index)
+        raise SystemExit(EX_SOFTWARE)
 
 
 def _set_up_process(spec: WorkerSpec) -> None:
