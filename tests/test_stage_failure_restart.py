@@ -1,7 +1,8 @@
-"""A stage that raises in a running worker (a bug, a broken engine) no longer leaves its streams dark for the
-rest of the run: the worker exits (70) without Done and the supervisor restarts it as after a crash. Its
-streams start again numbered after their newest line, as a moved stream does (``Supervisor._reload``): a
-camera from now, a file from its first picture.
+"""A stage that raises in a running worker (a bug, a broken engine) no longer leaves endless streams (cameras,
+looped files) dark for the rest of the run: the worker exits (70) without Done and the supervisor restarts it
+as after a crash. Its streams start again numbered after their newest line, as a moved stream does
+(``Supervisor._reload``): a camera from now, a looped file from its first picture. A finite file is not
+started again (it would run twice): its worker ends, counted as failed (exit 1).
 
 The failure is real, not simulated inside the daemon: a ``sitecustomize`` on PYTHONPATH makes the result
 stage (``Pipeline._on_results``) raise at its third call in the first worker process only (a marker file)."""
@@ -11,8 +12,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import av
 
@@ -37,42 +41,71 @@ if marker:
 """
 
 
-def test_a_failed_stage_restarts_the_worker_and_its_stream_goes_on(tmp_path, short_clip):
+def _run(tmp_path: Path, clip: Path, loop: bool) -> tuple[subprocess.Popen, str, Path, Path]:
     hook = tmp_path / "hook"
-    hook.mkdir()
+    hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(INJECT)
-    out = tmp_path / "out.jsonl"
-    cfg = tmp_path / "c.yaml"
+    out, cfg, marker = tmp_path / "out.jsonl", tmp_path / "c.yaml", tmp_path / "failed-once"
     cfg.write_text(
-        f"streams:\n  - id: a\n    url: {short_clip}\n"
+        f"streams:\n  - id: a\n    url: {clip}\n    loop: {'true' if loop else 'false'}\n"
         "pipeline:\n  workers: 1\n  spare_worker: false\n  batch_size: 4\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
-    marker = tmp_path / "failed-once"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]),
         "PYTHONUNBUFFERED": "1",
         "STREAMD_TEST_STAGE_FAILS_ONCE": str(marker),
     }
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
-    assert marker.exists(), proc.stderr[-3000:]  # the stage did fail
-    assert "pipeline stage collect failed" in proc.stderr
-    assert "injected failure of the result stage" in proc.stderr
-    assert "died (exit code 70)" in proc.stderr and "restarting in" in proc.stderr, proc.stderr[-3000:]
-    with av.open(str(short_clip)) as clip:  # the clip's picture count, read apart from streamd
-        pictures = sum(1 for _ in clip.decode(video=0))
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    return proc, "", out, marker
+
+
+def _lines(out: Path) -> list[dict]:
+    text = out.read_text() if out.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def _pictures(clip: Path) -> int:
+    with av.open(str(clip)) as c:  # the clip's picture count, read apart from streamd
+        return sum(1 for _ in c.decode(video=0))
+
+
+def test_a_looped_file_restarts_with_its_worker_and_goes_on(tmp_path, short_clip):
+    proc, _, out, marker = _run(tmp_path, short_clip, loop=True)
+    pictures = _pictures(short_clip)
+    deadline = time.monotonic() + 240
+    while len(_lines(out)) < 2 * pictures + 40 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert marker.exists(), stderr[-3000:]  # the stage did fail
+    assert "pipeline stage collect failed" in stderr and "injected failure of the result stage" in stderr
+    assert "died (exit code 70)" in stderr and "restarting in" in stderr, stderr[-3000:]
+    lines = _lines(out)
+    assert len(lines) >= 2 * pictures + 40, stderr[-3000:]  # it went on, for two more passes
     # one numbering across both processes: no index twice, none skipped, time only forward
     assert [r["frame"] for r in lines] == list(range(len(lines)))
     assert all(b["pts"] > a["pts"] for a, b in itertools.pairwise(lines))
-    # the first process wrote k lines, then the file ran again whole: its first k pictures twice, the same
-    # detections both times (CPU inference is deterministic)
-    k = len(lines) - pictures
-    assert 1 <= k < pictures // 2, (len(lines), pictures)
-    for first, again in zip(lines[:k], lines[k : 2 * k], strict=True):
-        assert first["detections"] == again["detections"]
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The first process wrote k lines (< 40), then the second began the file again and looped it: the
+    # same detections for the same pictures (CPU inference is deterministic).
+    dets = [r["detections"] for r in lines]
+    k = next(i for i in range(1, 40) if dets[i : i + 8] == dets[:8])
+    assert dets[k : 2 * k] == dets[:k]  # the restart began at the first picture
+    assert dets[k + pictures : k + 2 * pictures] == dets[k : k + pictures]  # and looped on
+    assert proc.returncode == 0, stderr[-3000:]
+
+
+def test_a_finite_file_is_not_run_twice_its_worker_ends_failed(tmp_path, short_clip):
+    proc, _, out, marker = _run(tmp_path, short_clip, loop=False)
+    _, stderr = proc.communicate(timeout=240)
+    assert marker.exists() and "injected failure of the result stage" in stderr, stderr[-3000:]
+    assert "died (exit code" not in stderr and "restarting in" not in stderr
+    lines = _lines(out)
+    assert 0 < len(lines) < _pictures(short_clip)  # what came before the failure, once
+    assert [r["frame"] for r in lines] == list(range(len(lines)))
+    assert proc.returncode == 1, stderr[-3000:]  # lost output shows in the exit status

@@ -117,10 +117,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     restart = False
     try:
         _run(pipeline, channel, go, adoption)
-        # A stage failed (an exception in the worker's pipeline, not a stream's end): its streams would stay
-        # dark for the rest of the run. Exit instead, without Done, and the supervisor restarts the worker
-        # (with backoff, or onto the spare) and its streams go on after their newest line, as after a crash.
-        restart = pipeline.stage_failed and not pipeline.stop.is_set()
+        # A stage failed (an exception in the worker's pipeline, not a stream's end). Endless streams
+        # (cameras, looped files) would stay dark for the rest of the run: exit instead, without Done, and the
+        # supervisor restarts the worker (with backoff, or onto the spare) and they go on after their newest
+        # line, as after a crash. A finite file would start again from its first picture: it ends here,
+        # counted as failed (exit 1), as before.
+        endless = any(w.cfg.is_live or w.cfg.loop for w in list(pipeline.workers))
+        restart = endless and pipeline.stage_failed and not pipeline.stop.is_set()
     finally:
         pipeline.close()
         logutil.flush_all()  # counts of repeated warnings still held back
