@@ -305,9 +305,15 @@ def test_a_broker_that_accepts_and_never_answers_counts_as_broken(tmp_path, capl
     sink.start()
     try:
         assert wait_for(lambda: sink.stats()["broken"], 15), sink.stats()
-        said = [r.getMessage() for r in caplog.records if "no connection to the broker" in r.getMessage()]
-        print(said)
-        assert len(said) == 1 and "counted as broken" in said[0]
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "no connection to the broker" in r.getMessage()]
+
+        # the writer counts the sink broken, then logs (outside its lock): the line may come a moment later
+        assert wait_for(lambda: said(), 5), caplog.text
+        time.sleep(1.5)  # more than _DOWN_S: a second line would be here by now
+        print(said())
+        assert len(said()) == 1 and "counted as broken" in said()[0]
     finally:
         sink.close(timeout=2)
         silent.close()
