@@ -77,7 +77,8 @@ def _encode_short_clip(folder: Path) -> None:
 
 
 def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """``python -m streamd ARGS``; ``env``: variables set on top of this process's (e.g. PYTHONPATH)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **kw.pop("env", {})}
     if "input" not in kw:
         kw.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamd.analytics.tracker import missing_dependency
 from streamd.config import parse_config
-from tests.conftest import CLIP, ROOT
+from tests.conftest import CLIP, ROOT, run_streamd
 
 
 def _streamd(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -20,16 +20,7 @@ def _streamd(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     hide = tmp_path / "hide"
     hide.mkdir(exist_ok=True)
     (hide / "lap.py").write_text("raise ModuleNotFoundError(\"No module named 'lap'\", name='lap')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "streamd", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_streamd(*args, timeout=120, env={"PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])})
 
 
 def _config(tmp_path: Path, tracking: bool) -> Path:
