@@ -662,9 +662,9 @@ def pipelined_vs_serialized(
 
     from streamd.config import parse_config
     from streamd.pipeline.batcher import Batcher
+    from streamd.pipeline.build import build_stages
     from streamd.pipeline.scheduler import Scheduler
     from streamd.types import Frame
-    from streamd.worker.pipeline import build_stages
 
     cap = cv2.VideoCapture(str(DEMO_CLIP))
     images = []

@@ -35,7 +35,9 @@ LAYERS: list[set[str]] = [
     {"engines"},
     {"stages"},  # preprocess / postprocess (spec, CPU twin, CUDA side by side) and the stage contract
     {"checks", "ingest", "analytics", "sinks"},
-    {"pipeline", "web", "clips"},  # clips: packet ring -> MP4 remux; above ingest and analytics
+    # clips: packet ring -> MP4 remux; above ingest and analytics. shared_engine: one engine process per GPU
+    # that decode workers feed (its server runs pipeline.build's stages)
+    {"pipeline", "web", "clips", "shared_engine"},
     {"worker"},
     {"cluster"},  # placement and failover across nodes (etcd): below the supervisor that runs its streams
     {"supervisor"},

@@ -42,6 +42,12 @@ class EngineConfig:
         "the convolutions); faster inference for about 1.5 minutes of compiling at a first start and about "
         "2.5 GB more GPU memory per worker; a model it cannot trace runs uncompiled, with a warning",
     )
+    shared: bool = opt(
+        False,
+        "one engine process per GPU that every worker on that GPU feeds (workers keep decode and "
+        "preprocess): full batches and one copy of the engine's memory however many workers; "
+        "docs/scaling.md",
+    )
     threads: int = opt(0, "CPU engine threads", ge=0, note="0 = the library's default")
     verify: bool = opt(
         True,

@@ -14,10 +14,8 @@ lane k % lanes, so its graphs are captured once, and consecutive batches (consec
 A slot is reused only after the host read its results. Decoder surfaces go back to their pool as soon as
 the preprocess kernel (their last reader) is enqueued: ``release(S1)`` makes the decoder's stream wait for
 it, so nothing blocks on the host.
-Frames decoded on the CPU (``Frame.image``) are packed into the slot's pinned host buffer (memcpys, in a few
-threads for a large batch: numpy releases the GIL) and uploaded in one asynchronous copy on S1, then take the
-packed-BGR path of the same kernel. Copying each frame from pageable memory instead had the driver stage it
-synchronously in the S1 thread (~0.25 ms per 768x576 frame), which capped the whole ring at batch 32.
+S1 itself (NVDEC surfaces in place, CPU-decoded frames packed and uploaded) is ``stages.cuda_input.GpuInput``,
+which a decode worker of a shared engine runs on its own (``streamd.shared_engine``).
 """
 
 from __future__ import annotations
@@ -25,33 +23,21 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamd.engines.base import Engine
-from streamd.gpu.cuda import Context, DeviceBuffer, Event, PinnedBuffer, Stream, copy_htod
+from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream
 from streamd.gpu.kernels import KernelLoader
 from streamd.stages.contract import Slot
-from streamd.stages.host_frames import HostFrames
+from streamd.stages.cuda_input import DTYPE_NAMES, GpuInput, Staging
 from streamd.stages.postprocess.cpu import PostprocessSpec
 from streamd.stages.postprocess.cuda import GpuPostprocessor, HostNmsResults, NmsResults
-from streamd.stages.preprocess.cuda import GpuPreprocessor
 from streamd.stages.preprocess.spec import PreprocessSpec
-from streamd.types import Detections, PackedSurface, Surface, SurfaceLease
+from streamd.types import Detections
 
 log = logging.getLogger(__name__)
-_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-# Memcpy threads for host frames: packing a large batch (tens of MB) on one or a few cores makes S1 the ring's
-# slowest stage, so half the cores pack, at most 8 (bench/RESULTS.md).
-PACK_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) // 2))
-PACK_PARALLEL_BYTES = 4 << 20  # below this one thread packs faster than several can be woken
-
-
-def _copy_all(copies: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    for dst, src in copies:
-        np.copyto(dst, src)
 
 
 @dataclass(slots=True)
@@ -62,8 +48,7 @@ class _GpuBuffers:
     host: HostNmsResults
     events: tuple[Event, Event, Event, Event]  # E0 (start), E1, E2, E3; timing events for per-stage times
     s2: Stream  # the engine lane's stream this slot's inference runs on
-    staging: DeviceBuffer | None = None  # packed BGR uploads of CPU-decoded frames (device side)
-    pinned: PinnedBuffer | None = None  # ... and their host side; reused once the slot's batch is collected
+    staging: Staging = field(default_factory=Staging)  # uploads of CPU-decoded frames
 
 
 class GpuStages:
@@ -85,8 +70,8 @@ class GpuStages:
         in_dtype = np.dtype(engine.input_dtype)
         out_dtype = np.dtype(engine.output_dtype)
         self.max_batch = engine.max_batch
-        self.pre = GpuPreprocessor(
-            pre, self.ctx, max_batch=self.max_batch, dtype=_DTYPE_NAMES[in_dtype], loader=self.loader, ring=16
+        self.input = GpuInput(
+            pre, self.ctx, self.loader, self.s1, max_batch=self.max_batch, dtype=DTYPE_NAMES[in_dtype]
         )
         out_shape = engine.output_shape
         if post.head is not None:
@@ -98,7 +83,7 @@ class GpuStages:
             self.ctx,
             max_batch=self.max_batch,
             num_anchors=num_anchors,
-            dtype=_DTYPE_NAMES[out_dtype],
+            dtype=DTYPE_NAMES[out_dtype],
             loader=self.loader,
         )
         self._in_bytes = int(np.prod(engine.input_shape)) * in_dtype.itemsize
@@ -113,8 +98,6 @@ class GpuStages:
         top = min(-(-top // unit) * unit, self.max_batch)
         self._buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
         self._warm = warm_batch > 0
-        self._packers: ThreadPoolExecutor | None = None  # started by the first large batch of host frames
-        self._host = HostFrames()  # CPU-decoded pictures get their pixels when batched
 
     def new_slot(self, index: int) -> Slot:
         b = self.max_batch
@@ -142,66 +125,12 @@ class GpuStages:
             s2.synchronize()
         return Slot(index, buffers=buffers)
 
-    def _staging(self, buf: _GpuBuffers, nbytes: int) -> tuple[DeviceBuffer, PinnedBuffer]:
-        """The slot's upload buffers for CPU-decoded frames, grown when a batch needs more. Safe to overwrite:
-        a slot comes back only after the host has collected its previous batch (E3), so its copy is done."""
-        if buf.staging is None or buf.pinned is None or buf.staging.nbytes < nbytes:
-            if buf.staging is not None:  # grown twofold: start-up's growing partial batches free rarely
-                nbytes = max(nbytes, 2 * buf.staging.nbytes)
-            for old in (buf.staging, buf.pinned):
-                if old is not None:
-                    old.close()
-            buf.staging, buf.pinned = DeviceBuffer(nbytes), PinnedBuffer(nbytes)
-        return buf.staging, buf.pinned
-
-    def _stage_surfaces(self, slot: Slot, buf: _GpuBuffers) -> list[Surface]:
-        surfaces: list[Surface] = []
-        self._host.convert_pending(slot.frames)
-        host_bytes = sum(f.width * f.height * 3 for f in slot.frames if f.surface is None)
-        if host_bytes:
-            staging, pinned = self._staging(buf, host_bytes)
-            packed = pinned.array(np.uint8, host_bytes)
-        copies: list[tuple[np.ndarray, np.ndarray]] = []
-        offset = 0
-        for f in slot.frames:
-            if f.surface is not None:
-                lease: SurfaceLease = f.surface
-                lease.wait(self.s1)  # the decoder's copy into this surface is done
-                surfaces.append(lease.planes)
-                continue
-            assert f.image is not None
-            n = f.width * f.height * 3
-            copies.append((packed[offset : offset + n].reshape(f.height, f.width, 3), f.image))
-            surfaces.append(PackedSurface(staging.ptr + offset, f.width, f.height, 3 * f.width))
-            offset += n
-        if copies:
-            self._pack(copies, host_bytes)
-            copy_htod(staging.ptr, pinned.ptr, host_bytes, self.s1)  # one async copy of the whole batch
-        return surfaces
-
-    def _pack(self, copies: list[tuple[np.ndarray, np.ndarray]], nbytes: int) -> None:
-        """Frames into the pinned buffer; a large batch in PACK_THREADS threads (numpy copies release the
-        GIL), since one core's memcpy bounds the S1 thread: 32 frames of 768x576 are 42 MB per batch."""
-        if nbytes < PACK_PARALLEL_BYTES or len(copies) < 2 or PACK_THREADS == 1:
-            for dst, src in copies:
-                np.copyto(dst, src)
-            return
-        if self._packers is None:
-            self._packers = ThreadPoolExecutor(PACK_THREADS, thread_name_prefix="pack")
-        chunks = [copies[k::PACK_THREADS] for k in range(PACK_THREADS)]
-        for done in [self._packers.submit(_copy_all, c) for c in chunks if c]:
-            done.result()
-
     def preprocess(self, slot: Slot) -> None:
         self.ctx.ensure_current()
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         buf.events[0].record(self.s1)
-        slot.transforms = self.pre(self._stage_surfaces(slot, buf), buf.input.ptr, self.s1)
+        slot.transforms = self.input(slot.frames, buf.staging, buf.input.ptr)
         buf.events[1].record(self.s1)
-        for f in slot.frames:  # the kernel above was the last reader: the decoder may reuse the buffers
-            if f.surface is not None:
-                f.surface.release(self.s1)
-            f.surface = None
 
     def infer(self, slot: Slot) -> None:
         self.ctx.ensure_current()
@@ -257,18 +186,14 @@ class GpuStages:
         log.info("engine: %.0f MB of GPU memory that only start-up used given back", freed / 2**20)
 
     def close(self) -> None:
-        if self._packers is not None:
-            self._packers.shutdown()
-        self._host.close()
+        self.input.close()
         streams = (self.s1, *self.s2_lanes, self.s3)
         for s in streams:
             s.synchronize()
         for buf in self._buffers:
-            for owned in (buf.input, buf.output, buf.results, buf.host, buf.staging, buf.pinned, *buf.events):
-                if owned is not None:
-                    owned.close()
+            for owned in (buf.input, buf.output, buf.results, buf.host, buf.staging, *buf.events):
+                owned.close()
         self._buffers.clear()
-        self.pre.close()
         self.post.close()
         self.engine.close()
         for s in streams:

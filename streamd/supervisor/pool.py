@@ -50,6 +50,7 @@ from streamd.protocol import (
     fold,
 )
 from streamd.sinks import SinkSet
+from streamd.supervisor.engine_hosts import EngineHosts
 from streamd.worker.process import WorkerSpec, worker_main
 
 log = logging.getLogger("streamd.supervisor")  # the supervisor's own lines: one logger name for all of them
@@ -173,10 +174,12 @@ class WorkerPool:
         self.counters_lock = threading.Lock()
         # The counters of slots that will never run again (archive_finished), in a slot's base fields.
         self.past = WorkerSlot(-1, (), 0)
+        self.engines = EngineHosts.for_config(config, self._ctx)  # engine.shared: one engine process per GPU
 
     def start(self, sink_set: SinkSet) -> None:
         """Start a process for every slot; their lines go to ``sink_set``."""
         self.sink_set = sink_set
+        self.engines.start()  # engine.shared: workers connect once it listens (its engine may take minutes)
         for w in self.workers:
             self.spawn(w)
 
@@ -288,7 +291,8 @@ class WorkerPool:
         resume = self.resume_for(w.stream_ids)
         if hold is None:
             hold = not self.announced  # first start: streams begin together once every worker is built
-        spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume, hold)
+        engine = self.engines.endpoint(w.device)  # engine.shared: its socket
+        spec = WorkerSpec(w.index, self.config, w.stream_ids, w.device, resume, hold, engine)
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=worker_main, args=(spec, child), name=f"streamd-worker{w.index}")
         proc.daemon = True  # never outlive the supervisor
@@ -401,6 +405,7 @@ class WorkerPool:
     def check_workers(self) -> None:
         """Restart workers that died without finishing (segfault in a native decoder, OOM kill, kill -9)."""
         self.archive_finished()
+        self.engines.check(self.workers)  # restarted when dead; a start-up failure becomes the workers'
         now = time.monotonic()
         for w in self.workers:
             if w.done or w.gave_up or w.retired or self.stop.is_set():
@@ -492,3 +497,4 @@ class WorkerPool:
                 w.process.join(timeout=5)
             if w.reader is not None:
                 w.reader.join(timeout=5)
+        self.engines.stop()  # after the workers: their last batches need it

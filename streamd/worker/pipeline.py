@@ -27,70 +27,16 @@ from streamd.ingest.decode import wait_closed
 from streamd.ingest.reader import StreamReader
 from streamd.latency import LatencyHistograms
 from streamd.pipeline.batcher import Batcher, StreamQueue
+from streamd.pipeline.build import build_stages
 from streamd.pipeline.scheduler import Scheduler
 from streamd.protocol import Crossings, Record, Resume, StreamCounters, StreamReport, WorkerStats
 from streamd.stages.contract import Stages
-from streamd.stages.cpu import CpuStages
-from streamd.stages.postprocess.cpu import ClassThresholds, PostprocessSpec
-from streamd.stages.postprocess.head import HeadSettings
-from streamd.stages.postprocess.resolve import resolve_head
-from streamd.stages.preprocess.cpu import PreprocessSpec
 from streamd.types import FrameResult
 from streamd.web.snapshot import LatestFrames, nv12_surface_to_bgr
 from streamd.worker.output import encode_all, frame_line
 
 log = logging.getLogger(__name__)
 Totals = dict[str, tuple[int, int, int, bool]]  # per stream at a mark: results, decoded, dropped, running?
-
-
-def build_stages(config: Config, device: int | None = None) -> Stages:
-    """Engine + the stage implementation that fits it (CUDA stages for a GPU engine, CPU twins otherwise).
-
-    Raises StartupError: EX_CONFIG when the model does not fit the config, EX_UNAVAILABLE when the engine or
-    the GPU cannot be brought up."""
-    from streamd.checks.verify import VerifyPlan, create_engine  # engines load heavy libraries: on use only
-    from streamd.engines import EngineError, EngineOptions
-    from streamd.engines.base import parts_of
-
-    m, e = config.model, config.engine
-    device = e.device if device is None else device
-    try:
-        options = EngineOptions.from_config(e, device=device)
-        engine = create_engine(e.type, m.path, options, verify=VerifyPlan.from_config(config))
-    except EngineError as exc:  # a StartupError already: 78 if the config does not fit, 69 if unavailable
-        raise StartupError(str(exc), exc.code) from exc
-    try:
-        c, h, w = engine.input_shape
-        if (w, h) != tuple(m.input_size) or c != 3:
-            raise StartupError(
-                f"model.input_size is {list(m.input_size)} (width, height) but the model takes "
-                f"[{c}, {h}, {w}] (C, H, W); set model.input_size: [{w}, {h}]",
-                EX_CONFIG,
-            )
-        try:
-            head = resolve_head(HeadSettings.from_model(m), parts_of(engine))
-        except ValueError as exc:
-            raise StartupError(str(exc), EX_CONFIG) from exc
-        log.info("%s", head.note)
-        pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
-        post = PostprocessSpec(
-            head.layout,
-            len(m.class_names),
-            m.score_threshold,
-            m.iou_threshold,
-            m.max_detections,
-            m.top_k,
-            thresholds=ClassThresholds.from_config(config),
-            head=head,
-        )
-        if engine.on_device:  # GPU engine: the three-stream CUDA stages (imported only here)
-            from streamd.stages.cuda import GpuStages
-
-            return GpuStages(engine, pre, post, device=device, warm_batch=config.pipeline.batch_size)
-        return CpuStages(engine, pre, post)
-    except BaseException:
-        engine.close()
-        raise
 
 
 def choose_decoder(requested: str, gpu_engine: bool) -> str:
@@ -145,8 +91,10 @@ class Pipeline:
         *,
         device: int | None = None,
         resume: dict[str, Resume] | None = None,
+        shared_engine: tuple[str, bytes] | None = None,
     ) -> None:
         self.config = config
+        self._shared_engine = shared_engine  # (socket, key) of the GPU's engine process (engine.shared)
         self.streams = tuple(streams)
         self.device = config.engine.device if device is None else device
         self._emit = emit
@@ -178,7 +126,12 @@ class Pipeline:
     def build(self) -> None:
         """Load the engine and set up the stages; raises StartupError (nothing left open) on failure."""
         cfg = self.config
-        self.stages = build_stages(cfg, self.device)
+        if self._shared_engine is not None:
+            from streamd.shared_engine.client import remote_stages
+
+            self.stages = remote_stages(cfg, *self._shared_engine, self.device)
+        else:
+            self.stages = build_stages(cfg, self.device)
         try:
             self.decoder = choose_decoder(cfg.pipeline.decoder, self.stages.engine.on_device)
         except StartupError:

@@ -52,6 +52,7 @@ class WorkerSpec:
     device: int
     resume: dict[str, Resume] = field(default_factory=dict)
     hold: bool = False  # after Ready, wait for Go: every worker's streams start together
+    engine: tuple[str, bytes] | None = None  # the GPU's engine process (socket, key) with engine.shared
 
 
 class _Channel:
@@ -99,7 +100,9 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             channel.send_stats(pipeline)
         channel.send(Lines(records))
 
-    pipeline = Pipeline(spec.config, streams, emit, device=spec.device, resume=spec.resume)
+    pipeline = Pipeline(
+        spec.config, streams, emit, device=spec.device, resume=spec.resume, shared_engine=spec.engine
+    )
     # systemd (KillMode=control-group) or an operator may signal the worker directly: drain like Stop.
     signal.signal(signal.SIGTERM, lambda *_: pipeline.stop.set())
     if not _build(spec, pipeline, channel):

@@ -1,0 +1,144 @@
+"""The supervisor's engine processes (``engine.shared: true``): one per GPU the workers use, started before
+the workers (which connect when it listens), restarted when one dies, stopped after the workers.
+
+A start-up failure (the model does not load) is the run's failure, as a worker's would be: ``fatal`` holds it
+and the pool hands it to every worker slot of that GPU. An engine process that dies after it was ready is
+restarted with backoff; its workers' batches fail meanwhile, so they exit and the pool restarts them too
+(their streams resume after their newest line), connecting once the engine listens again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from streamd.config import Config
+from streamd.protocol import Ready, StartFailed, Stop
+from streamd.shared_engine.process import EngineSpec, engine_address, engine_main
+
+log = logging.getLogger("streamd.supervisor")
+
+
+@dataclass
+class EngineHost:
+    device: int
+    address: str
+    process: Any = None
+    conn: Connection | None = None
+    ready: bool = False
+    error: StartFailed | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+class EngineHosts:
+    RESTART_MIN_S = 0.5
+    RESTART_MAX_S = 30.0
+
+    def __init__(self, config: Config, ctx: Any, devices: list[int]) -> None:
+        self.config, self._ctx = config, ctx
+        self.authkey = secrets.token_bytes(32)
+        self.hosts = {d: EngineHost(d, engine_address(d)) for d in sorted(set(devices))}
+        self._stopping = False
+
+    @classmethod
+    def for_config(cls, config: Config, ctx: Any) -> EngineHosts:
+        """One host per GPU the workers use with ``engine.shared``; none (every call a no-op) without it."""
+        devices = list(config.pipeline.devices or (config.engine.device,)) if config.engine.shared else []
+        return cls(config, ctx, devices)
+
+    def endpoint(self, device: int) -> tuple[str, bytes] | None:
+        host = self.hosts.get(device)
+        return None if host is None else (host.address, self.authkey)
+
+    def start(self) -> None:
+        for host in self.hosts.values():
+            self._spawn(host)
+
+    def _spawn(self, host: EngineHost) -> None:
+        spec = EngineSpec(self.config, host.device, host.address, self.authkey)
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=engine_main, args=(spec, child), name=f"streamd-engine{host.device}")
+        proc.daemon = True
+        proc.start()
+        child.close()
+        host.process, host.conn, host.ready, host.restart_at = proc, parent, False, None
+        threading.Thread(
+            target=self._read, args=(host, parent), name=f"read-e{host.device}", daemon=True
+        ).start()
+
+    def _read(self, host: EngineHost, conn: Connection) -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            if isinstance(message, Ready):
+                host.ready = True
+                state = "back" if host.restarts else "ready"
+                log.info(
+                    "engine process %s on device %d (pid %d): %s",
+                    state,
+                    host.device,
+                    message.pid,
+                    message.engine,
+                )
+            elif isinstance(message, StartFailed):
+                host.error = message
+
+    def fatal(self) -> StartFailed | None:
+        """A start-up failure of an engine process that never got ready (the run cannot go on)."""
+        for host in self.hosts.values():
+            if host.error is not None and not host.ready and host.restarts == 0:
+                return host.error
+        return None
+
+    def check(self, workers: list[Any]) -> None:
+        """Restart engine processes that died (with backoff). A start-up failure becomes every worker slot's
+        (``WorkerSlot.error``): the run stops with it, as when a worker cannot load the model."""
+        fatal = self.fatal()
+        for w in workers if fatal is not None else ():
+            w.error = w.error or fatal
+        if self._stopping:
+            return
+        now = time.monotonic()
+        for host in self.hosts.values():
+            if host.alive or host.process is None or self.fatal() is not None:
+                continue
+            if host.restart_at is None:
+                host.restarts += 1
+                delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** min(host.restarts - 1, 8))
+                host.restart_at = now + delay
+                code = host.process.exitcode
+                why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                what = "engine process on device %d died (%s); restarting in %.1f s (restart %d)"
+                log.error(what, host.device, why, delay, host.restarts)
+                host.error = None
+            elif now >= host.restart_at:
+                self._spawn(host)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """After the workers: ask each engine process to stop, then end what is left."""
+        self._stopping = True
+        for host in self.hosts.values():
+            if host.conn is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    host.conn.send(Stop())
+        deadline = time.monotonic() + timeout
+        for host in self.hosts.values():
+            if host.process is None:
+                continue
+            host.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if host.process.is_alive():
+                host.process.kill()
+                host.process.join(timeout=5)

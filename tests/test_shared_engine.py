@@ -1,0 +1,131 @@
+"""``engine.shared: true``: one engine process that every worker feeds (streamd.shared_engine), run the way an
+operator runs it (``streamd run``), against the same config with an engine per worker.
+
+- Same frames, same detections: every (stream, frame) line of both runs, boxes within 0.5 px and scores within
+  1e-3 (the CPU twin: ONNX Runtime, shared memory; on a GPU, the torch engine and CUDA IPC, within fp16's
+  batch-to-batch noise).
+- The engine process really merges: with two workers it ran fewer, fuller batches than they sent.
+- The engine process killed: the supervisor restarts it, the workers restart onto it, the streams go on with
+  one numbering."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamd.gpu.cuda import gpu_available
+from tests.conftest import MODEL, ROOT, run_streamd
+
+MODEL_KEYS = (
+    "  input_size: [416, 416]\n  channel_order: bgr\n  mean: [103.53, 116.28, 123.675]\n"
+    "  std: [57.375, 57.12, 58.395]\n  layout: yolov8\n  class_names: coco\n  score_threshold: 0.35\n"
+)
+
+
+def _config(path: Path, clip: Path, out: Path, *, shared: bool, engine: str, loop: bool = False) -> Path:
+    streams = "".join(
+        f"  - id: {sid}\n    url: {clip}\n    loop: {str(loop).lower()}\n" for sid in ("a", "b", "c")
+    )
+    path.write_text(
+        f"streams:\n{streams}model:\n  path: {MODEL}\n{MODEL_KEYS}"
+        f"engine:\n  type: {engine}\n  shared: {str(shared).lower()}\n  max_batch: 8\n"
+        "pipeline:\n  workers: 2\n  spare_worker: false\n  batch_size: 4\n"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n"
+    )
+    return path
+
+
+def _lines(out: Path) -> list[dict]:
+    text = out.read_text() if out.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def _by_frame(lines: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    return {(r["stream"], r["frame"]): r["detections"] for r in lines}
+
+
+def _same_detections(a: list[dict], b: list[dict], px: float, score: float) -> bool:
+    if len(a) != len(b):
+        return False
+    key = lambda d: (d["class_id"], -d["score"], d["box"])  # noqa: E731
+    return all(
+        x["class_id"] == y["class_id"]
+        and abs(x["score"] - y["score"]) <= score
+        and max(abs(p - q) for p, q in zip(x["box"], y["box"], strict=True)) <= px
+        for x, y in zip(sorted(a, key=key), sorted(b, key=key), strict=True)
+    )
+
+
+def _compare(tmp_path: Path, clip: Path, engine: str, px: float, score: float, need: float) -> str:
+    runs = {}
+    for shared in (False, True):
+        out = tmp_path / f"shared-{shared}.jsonl"
+        cfg = _config(tmp_path / f"shared-{shared}.yaml", clip, out, shared=shared, engine=engine)
+        done = run_streamd("run", str(cfg), "--no-status", timeout=420)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[shared], stderr = _by_frame(_lines(out)), done.stderr
+    assert runs[True].keys() == runs[False].keys() and len(runs[True]) > 0  # every line, once
+    same = sum(_same_detections(runs[True][k], runs[False][k], px, score) for k in runs[True])
+    assert same >= need * len(runs[True]), f"{same} of {len(runs[True])} frames agree"
+    return stderr
+
+
+def test_a_shared_engine_gives_every_line_and_the_same_detections(tmp_path, short_clip):
+    stderr = _compare(tmp_path, short_clip, "onnxruntime", 0.5, 1e-3, 1.0)
+    assert "serving batches of up to 8 rows" in stderr
+    m = re.search(r"engine: stopping after (\d+) batches \((\d+) rows\)", stderr)
+    assert m, stderr[-3000:]
+    batches, rows = int(m[1]), int(m[2])
+    # 3 streams in 2 workers of batch 4: merged batches hold more rows than one worker's batch can
+    assert rows / batches > 4, (batches, rows)
+
+
+@pytest.mark.skipif(not gpu_available()[0], reason="no usable CUDA GPU")
+def test_a_shared_engine_on_the_gpu_matches_an_engine_per_worker(tmp_path, short_clip):
+    # fp16 in CUDA graphs of another batch size: a few boxes move by a pixel, a score by a hundredth
+    _compare(tmp_path, short_clip, "torch", 1.5, 0.02, 0.97)
+
+
+def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, short_clip):
+    out = tmp_path / "out.jsonl"
+    cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    log: list[str] = []
+    deadline = time.monotonic() + 240
+    pid = None
+    while proc.poll() is None and time.monotonic() < deadline:  # the engine's pid, from the supervisor's line
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        log.append(line)
+        if m := re.search(r"engine process ready on device 0 \(pid (\d+)\)", line):
+            pid = int(m[1])
+            break
+    assert pid is not None, "".join(log)[-3000:]
+    while len(_lines(out)) < 60 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    before = len(_lines(out))
+    while len(_lines(out)) < before + 120 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)[1], None
+    stderr = "".join(log) + rest
+    assert "engine process on device 0 died (killed by signal 9)" in stderr, stderr[-3000:]
+    assert "engine process back on device 0" in stderr, stderr[-3000:]
+    lines = _lines(out)
+    assert len(lines) >= before + 120, stderr[-3000:]  # the streams went on after the kill
+    for sid in ("a", "b", "c"):  # one numbering per stream across the restarts: none twice, none skipped
+        frames = [r["frame"] for r in lines if r["stream"] == sid]
+        assert frames == list(range(len(frames))), sid
+    assert proc.returncode == 0, stderr[-3000:]
