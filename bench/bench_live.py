@@ -67,6 +67,7 @@ def config_text(
     fill_skipped: bool = True,
     precision: str | None = None,
     compile: bool = False,
+    shared: bool = False,
     lanes: int = 1,
 ) -> str:
     """``model_keys``: extra ``model:`` lines ("key: value"); ``detect_fps`` on every stream, with tracking's
@@ -86,6 +87,8 @@ def config_text(
     engine_lines = f"  type: {engine}\n  precision: {precision}\n  max_batch: 64\n"
     if compile:
         engine_lines += "  compile: true\n"
+    if shared:  # one engine process per GPU that the decode workers feed (docs/scaling.md)
+        engine_lines += "  shared: true\n"
     if lanes != 1:
         engine_lines += f"  lanes: {lanes}\n"
     engine_lines += "".join(f"  {k}\n" for k in engine_keys)
@@ -335,7 +338,7 @@ def live_run(
         model=args.model, model_keys=tuple(args.model_key), engine_keys=tuple(args.engine_key),
         pipeline_keys=tuple(args.pipeline_key), detect_fps=args.detect_fps,
         input_size=tuple(args.input_size) if args.input_size else None, fill_skipped=not args.no_fill_skipped,
-        precision=args.precision, compile=args.compile, lanes=args.lanes,
+        precision=args.precision, compile=args.compile, shared=args.shared, lanes=args.lanes,
     )  # fmt: skip
     filled = bool(args.detect_fps) and not args.no_fill_skipped
     # detect_fps with fill_skipped: the config has tracking on already (a second tracking: key is invalid)
@@ -350,6 +353,8 @@ def live_run(
         row["extra"] = extra.strip()
     if args.pipeline_key:
         row["pipeline_keys"] = list(args.pipeline_key)
+    if args.shared:
+        row["shared_engine"] = True
     if args.model != MODEL:
         row["model"] = args.model.name
     if args.detect_fps:
@@ -793,6 +798,7 @@ def main() -> int:
         help="engine.precision (default fp16; onnxruntime fp32)",
     )  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="engine.compile: true")
+    ap.add_argument("--shared", action="store_true", help="engine.shared: true (one engine process per GPU)")
     ap.add_argument("--p99-ms", type=float, default=50.0, help="p99 limit of the largest clean N")
     ap.add_argument(
         "--engine-img-s", type=float, default=0.0,
