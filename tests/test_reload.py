@@ -30,6 +30,20 @@ def test_plan_names_added_removed_changed_and_untouched_streams(tmp_path) -> Non
     assert plan_reload(old, old).empty and plan_reload(new, old).removed == ("c",)
 
 
+def test_a_model_change_with_a_shared_engine_needs_a_restart(tmp_path) -> None:
+    streams = f"  - id: a\n    url: {CLIP}\n"
+    old = load_config(write(tmp_path / "a.yaml", streams, extra="engine:\n  shared: true\n"))
+    new = load_config(write(tmp_path / "b.yaml", streams, extra="engine:\n  shared: true\n  max_batch: 16\n"))
+    plan = plan_reload(old, new)
+    # the engine process serves the running model: no successor workers, the running engine stays
+    assert not plan.model_changed and plan.keeps_engine
+    assert plan.needs_restart == ("model/engine (engine.shared)",)
+    unshared = load_config(write(tmp_path / "c.yaml", streams, extra="engine:\n  max_batch: 16\n"))
+    assert plan_reload(unshared, new).keeps_engine  # turning it on (or off) is a restart too
+    plain = plan_reload(unshared, load_config(write(tmp_path / "d.yaml", streams)))
+    assert plain.model_changed and not plain.keeps_engine and not plain.needs_restart
+
+
 def test_a_bad_config_on_reload_gives_the_check_messages(tmp_path) -> None:
     good = load_config(write(tmp_path / "c.yaml", f"  - id: a\n    url: {CLIP}\n"))
     write(tmp_path / "c.yaml", f"  - id: a\n    url: {CLIP}\n  - id: a\n    url: nowhere.mp4\n")

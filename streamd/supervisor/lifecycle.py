@@ -334,8 +334,8 @@ class Supervisor:
             running,
             streams=new.streams,
             sinks=new.sinks,
-            model=new.model,
-            engine=new.engine,
+            model=running.model if plan.keeps_engine else new.model,
+            engine=running.engine if plan.keeps_engine else new.engine,
             tracking=new.tracking,
         )
         if self.sink_set is not None:

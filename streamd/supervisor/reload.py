@@ -27,6 +27,7 @@ class ReloadPlan:
     sinks_changed: bool = False
     model_changed: bool = False  # model or engine: build the new engine beside the running one
     needs_restart: tuple[str, ...] = field(default=())  # sections that only a restart applies
+    keeps_engine: bool = False  # engine.shared: the running model and engine stay (needs_restart says so)
 
     @property
     def empty(self) -> bool:
@@ -66,14 +67,21 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     restart = [
         name for name in ("pipeline", "metrics", "log_level") if getattr(old, name) != getattr(new, name)
     ]
+    engine_changed = old.model != new.model or old.engine != new.engine
+    # A shared engine process serves the running model to every worker: a new model or engine needs a new
+    # engine process, which only a restart brings (a successor worker would connect to the old one).
+    shared = engine_changed and (old.engine.shared or new.engine.shared)
+    if shared:
+        restart.append("model/engine (engine.shared)")
     return ReloadPlan(
         added=tuple(s for sid, s in after.items() if sid not in before),
         removed=tuple(sid for sid in before if sid not in after),
         changed=tuple(s for sid, s in after.items() if sid in before and before[sid] != s),
         unchanged=tuple(sid for sid, s in after.items() if before.get(sid) == s),
         sinks_changed=old.sinks != new.sinks,
-        model_changed=old.model != new.model or old.engine != new.engine or _tracking(old) != _tracking(new),
+        model_changed=(engine_changed and not shared) or _tracking(old) != _tracking(new),
         needs_restart=tuple(restart),
+        keeps_engine=shared,
     )
 
 
