@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from streamd.config import Config
-from streamd.exitcodes import EX_UNAVAILABLE, StartupError
+from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE, StartupError
 from streamd.shared_engine.messages import EngineFacts, Refused, Results, Submit
 from streamd.shared_engine.slots import WorkerRows
 from streamd.stages.contract import Slot
@@ -68,8 +68,15 @@ def remote_stages(config: Config, address: str, authkey: bytes, device: int) -> 
     m = config.model
     _, h, w = facts.input_shape
     pre = PreprocessSpec(w, h, m.channel_order, m.mean, m.std, m.resize, m.pad_value)
+    batch = config.pipeline.batch_size
     try:
-        return RemoteStages(conn, facts, pre, device)
+        if batch > facts.max_rows:
+            raise StartupError(
+                f"pipeline.batch_size {batch} is larger than the shared engine's batch {facts.max_rows}; "
+                f"lower batch_size to at most {facts.max_rows}",
+                EX_CONFIG,
+            )
+        return RemoteStages(conn, facts, pre, device, batch)
     except BaseException:
         conn.close()
         raise
@@ -91,9 +98,12 @@ class RemoteEngine:
 
 
 class RemoteStages:
-    def __init__(self, conn: Connection, facts: EngineFacts, pre: PreprocessSpec, device: int = 0) -> None:
+    def __init__(
+        self, conn: Connection, facts: EngineFacts, pre: PreprocessSpec, device: int = 0, batch: int = 0
+    ) -> None:
         self.engine = RemoteEngine(facts, conn)
         self._conn, self.facts = conn, facts
+        self.batch = batch or facts.max_rows  # rows per slot: the worker's batch
         self._send_lock = threading.Lock()
         self._rows: dict[int, WorkerRows] = {}
         self._answers: dict[int, Results | Refused] = {}
@@ -109,7 +119,7 @@ class RemoteStages:
             self.loader = KernelLoader(self.ctx)
             self.s1 = Stream(self.ctx, self.ctx.priority_range()[0])
             dtype = DTYPE_NAMES[np.dtype(facts.input_dtype)]
-            self._gpu = GpuInput(pre, self.ctx, self.loader, self.s1, max_batch=facts.max_rows, dtype=dtype)
+            self._gpu = GpuInput(pre, self.ctx, self.loader, self.s1, max_batch=self.batch, dtype=dtype)
         else:
             from streamd.stages.host_frames import HostFrames
             from streamd.stages.preprocess.cpu import CpuPreprocessor
@@ -144,7 +154,7 @@ class RemoteStages:
     def new_slot(self, index: int) -> Slot:
         if self.facts.on_device:
             self.ctx.activate()
-        rows = WorkerRows(self.facts, index)
+        rows = WorkerRows(self.facts, index, self.batch)
         self._rows[index] = rows
         self._send(rows.attach())
         if self.facts.on_device:

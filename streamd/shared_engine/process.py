@@ -26,7 +26,7 @@ from streamd.shared_engine.messages import EngineFacts
 from streamd.shared_engine.server import EngineServer
 
 log = logging.getLogger("streamd.engine")
-RING = 3  # engine batches in flight: one gathering, one in inference, one in NMS/collect
+RING = 2  # engine batches in flight: one in the engine, the next queued behind it (server.py)
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ def row_bytes(facts: EngineFacts) -> int:
 
 
 class WorkerRows:
-    """One ring slot's rows in the worker: ``ptr`` (GPU) or ``array`` (CPU, [rows, C, H, W])."""
+    """One ring slot's ``rows`` (the worker's batch size) in the worker: ``ptr`` (GPU) or ``array`` (CPU,
+    [rows, C, H, W])."""
 
-    def __init__(self, facts: EngineFacts, slot: int) -> None:
+    def __init__(self, facts: EngineFacts, slot: int, rows: int) -> None:
         self.slot = slot
-        self.nbytes = facts.max_rows * row_bytes(facts)
+        self.nbytes = rows * row_bytes(facts)
         self.on_device = facts.on_device
         self.ptr = 0
         self.array: np.ndarray | None = None
@@ -41,7 +42,7 @@ class WorkerRows:
             self._memory: bytes | str = export_memory(self._buffer)
         else:
             self._shm = shared_memory.SharedMemory(create=True, size=self.nbytes)
-            shape = (facts.max_rows, *facts.input_shape)
+            shape = (rows, *facts.input_shape)
             self.array = np.ndarray(shape, np.dtype(facts.input_dtype), buffer=self._shm.buf)
             self._memory = self._shm.name
 
