@@ -70,6 +70,23 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
 
+def _rounded(dets: list[dict]) -> list[tuple]:
+    return sorted((d["class_id"], d["score"], *d["box"]) for d in dets)
+
+
+def _near(a: list[list[tuple]], b: list[list[tuple]]) -> bool:
+    """Frame by frame: as many detections, same classes, scores within 1e-3, boxes within 0.5 px."""
+
+    def same(p: tuple, q: tuple) -> bool:
+        boxes = zip(p[2:], q[2:], strict=True)
+        return p[0] == q[0] and abs(p[1] - q[1]) <= 1e-3 and all(abs(u - v) <= 0.5 for u, v in boxes)
+
+    def frame(x: list[tuple], y: list[tuple]) -> bool:
+        return len(x) == len(y) and all(map(same, x, y))
+
+    return len(a) == len(b) and all(map(frame, a, b))
+
+
 def _pictures(clip: Path) -> int:
     with av.open(str(clip)) as c:  # the clip's picture count, read apart from streamd
         return sum(1 for _ in c.decode(video=0))
@@ -95,10 +112,12 @@ def test_a_looped_file_restarts_with_its_worker_and_goes_on(tmp_path, short_clip
     # The first process wrote k lines (under half a pass; more under load: batches), then the second began
     # the file again and looped it: the same detections for the same pictures (CPU inference is
     # deterministic).
-    dets = [r["detections"] for r in lines]
-    k = next(i for i in range(1, pictures // 2) if dets[i : i + 8] == dets[:8])
-    assert dets[k : 2 * k] == dets[:k]  # the restart began at the first picture
-    assert dets[k + pictures : k + 2 * pictures] == dets[k : k + pictures]  # and looped on
+    # Compared to 0.5 px and 1e-3 of score: ONNX Runtime's sums differ in the last bits between batch sizes,
+    # and a load-dependent partial batch moved a rounded score once (a CI flake).
+    dets = [_rounded(r["detections"]) for r in lines]
+    k = next(i for i in range(1, pictures // 2) if _near(dets[i : i + 8], dets[:8]))
+    assert _near(dets[k : 2 * k], dets[:k])  # the restart began at the first picture
+    assert _near(dets[k + pictures : k + 2 * pictures], dets[k : k + pictures])  # and looped on
     assert proc.returncode == 0, stderr[-3000:]
 
 

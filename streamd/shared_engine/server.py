@@ -142,7 +142,25 @@ class EngineServer:
                 self._pending.popleft()
                 parts.append((client, sub))
                 rows += len(sub.stream_ids)
-            return parts
+            keep = self._fullest(parts)
+            self._pending.extendleft(reversed(parts[keep:]))  # the rest goes first next time
+            return parts[:keep]
+
+    def _fullest(self, parts: list[tuple[Client, Submit]]) -> int:
+        """How many of ``parts`` to run: the prefix that fills its engine batch size best (the longest of
+        equals). A GPU engine runs a few batch sizes (CUDA graphs at powers of two): 40 rows run as 64, 37 %
+        of the engine's work for nothing, where 32 now and 8 next run full (RT-DETR-l, 5 workers of batch 8:
+        0.72 of the engine's rate)."""
+        buckets = getattr(self.stages, "buckets", None)
+        if not buckets or len(parts) < 2:
+            return len(parts)
+        best, best_fill, rows = len(parts), 0.0, 0
+        for k, (_, sub) in enumerate(parts, 1):
+            rows += len(sub.stream_ids)
+            size = next((b for b in buckets if b >= rows), rows)
+            if rows / size >= best_fill:
+                best, best_fill = k, rows / size
+        return best
 
     def _reap(self) -> None:
         """Close the imports of workers that left (dispatch thread, under _cond). Their rows are read only by

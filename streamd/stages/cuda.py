@@ -96,7 +96,7 @@ class GpuStages:
         unit = int(getattr(engine, "pinned_batch", 1))
         top = min(warm_batch or self.max_batch, self.max_batch)
         top = min(-(-top // unit) * unit, self.max_batch)
-        self._buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
+        self.buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
         self._warm = warm_batch > 0
 
     def new_slot(self, index: int) -> Slot:
@@ -120,7 +120,7 @@ class GpuStages:
             self.ctx.activate()
             s2 = buffers.s2
             buffers.input.fill_u8(0, s2)
-            for size in self._buckets:
+            for size in self.buckets:
                 self.engine.enqueue(buffers.input.ptr, buffers.output.ptr, size, s2)
             s2.synchronize()
         return Slot(index, buffers=buffers)
@@ -137,7 +137,7 @@ class GpuStages:
         buf: _GpuBuffers = slot.buffers  # type: ignore[assignment]
         buf.s2.wait(buf.events[1])
         n = len(slot.frames)
-        size = next((b for b in self._buckets if b >= n), n)
+        size = next((b for b in self.buckets if b >= n), n)
         self.engine.enqueue(buf.input.ptr, buf.output.ptr, size, buf.s2)
         buf.events[2].record(buf.s2)
 
