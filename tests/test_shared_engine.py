@@ -19,9 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamd.gpu.cuda import gpu_available
+from streamd.shared_engine.server import fullest_prefix, pack
+from streamd.types import Detections
 from tests.conftest import CLIP, MODEL, ROOT, run_streamd
 
 MODEL_KEYS = (
@@ -130,3 +133,23 @@ def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, shor
         frames = [r["frame"] for r in lines if r["stream"] == sid]
         assert frames == list(range(len(frames))), sid
     assert proc.returncode == 0, stderr[-3000:]
+
+
+def test_the_engine_runs_the_queue_prefix_that_fills_its_batch_size_best():
+    pow2 = [1, 2, 4, 8, 16, 32, 64]
+    assert fullest_prefix([8] * 5, pow2) == 4  # 32 rows run full; 40 would run as 64
+    assert fullest_prefix([8] * 8, pow2) == 8  # 64: all of them
+    assert fullest_prefix([8, 8, 8], pow2) == 2  # 16 full beats 24 as 32
+    assert fullest_prefix([5, 3], pow2) == 2  # 8 full
+    assert fullest_prefix([3], pow2) == 1  # the oldest always goes
+    assert fullest_prefix([16, 16, 16, 16], [1, 2, 4, 8, 16, 32, 48, 64]) == 4  # other sizes: 64 full
+
+
+def test_results_travel_as_padded_arrays():
+    dets = [
+        Detections(np.array([[1, 2, 3, 4]], np.float32), np.array([0.5], np.float32), np.array([7])),
+        Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32)),
+    ]
+    counts, det = pack(dets)
+    assert counts.tolist() == [1, 0] and det.shape == (2, 1, 6)
+    assert det[0, 0].tolist() == [1, 2, 3, 4, 0.5, 7]

@@ -18,17 +18,21 @@ import logging
 import threading
 import time
 from multiprocessing.connection import Client, Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamd.config import Config
+from streamd.engines.base import Engine, EngineError
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE, StartupError
 from streamd.shared_engine.messages import EngineFacts, Refused, Results, Submit
 from streamd.shared_engine.slots import WorkerRows
 from streamd.stages.contract import Slot
 from streamd.stages.preprocess.spec import PreprocessSpec
 from streamd.types import Detections, to_source_padded
+
+if TYPE_CHECKING:
+    from streamd.gpu.cuda import Stream
 
 log = logging.getLogger(__name__)
 ANSWER_S = 60.0  # a batch's results later than this: the engine process is wedged
@@ -83,7 +87,7 @@ def remote_stages(config: Config, address: str, authkey: bytes, device: int) -> 
 
 
 class RemoteEngine:
-    """What a worker needs to know of the shared engine (``Stages.engine``)."""
+    """The shared engine as a worker sees it (``Stages.engine``): its facts; it runs in the engine process."""
 
     def __init__(self, facts: EngineFacts, conn: Connection) -> None:
         self.facts, self._conn = facts, conn
@@ -92,6 +96,14 @@ class RemoteEngine:
         self.max_batch = facts.max_rows
         self.input_shape = facts.input_shape
         self.input_dtype = np.dtype(facts.input_dtype)
+        self.output_shape = facts.output_shape
+        self.output_dtype = np.dtype(facts.output_dtype)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        raise EngineError("the shared engine runs in the engine process; workers send it Submits")
+
+    def enqueue(self, input_ptr: int, output_ptr: int, batch: int, stream: Stream) -> None:
+        raise EngineError("the shared engine runs in the engine process; workers send it Submits")
 
     def close(self) -> None:
         self._conn.close()
@@ -101,7 +113,7 @@ class RemoteStages:
     def __init__(
         self, conn: Connection, facts: EngineFacts, pre: PreprocessSpec, device: int = 0, batch: int = 0
     ) -> None:
-        self.engine = RemoteEngine(facts, conn)
+        self.engine: Engine = RemoteEngine(facts, conn)
         self._conn, self.facts = conn, facts
         self.batch = batch or facts.max_rows  # rows per slot: the worker's batch
         self._send_lock = threading.Lock()
@@ -208,7 +220,7 @@ class RemoteStages:
         """The engine process warmed the engine; nothing here to give back."""
 
     def close(self) -> None:
-        self.engine.close()
+        self._conn.close()
         self._reader.join(timeout=5)
         if self.facts.on_device:
             self.ctx.activate()

@@ -18,6 +18,8 @@ class EngineFacts:
     max_rows: int  # rows one Submit may carry (the engine's batch)
     input_shape: tuple[int, int, int]  # C, H, W
     input_dtype: str  # numpy dtype name of the engine's input
+    output_shape: tuple[int, ...] = ()  # the engine's own output for batch 1 (its NMS runs there)
+    output_dtype: str = "float32"
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,13 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     engine = stages.engine
     c, h, w = engine.input_shape
     facts = EngineFacts(
-        engine.name, engine.on_device, engine.max_batch, (c, h, w), np.dtype(engine.input_dtype).name
+        engine.name,
+        engine.on_device,
+        engine.max_batch,
+        (c, h, w),
+        np.dtype(engine.input_dtype).name,
+        tuple(engine.output_shape),
+        np.dtype(engine.output_dtype).name,
     )
     try:
         listener = Listener(spec.address, family="AF_UNIX", authkey=spec.authkey)

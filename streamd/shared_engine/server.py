@@ -69,6 +69,21 @@ def pack(dets: list[Detections]) -> tuple[np.ndarray, np.ndarray]:
     return counts, det
 
 
+def fullest_prefix(sizes: list[int], buckets: list[int]) -> int:
+    """How many of the queued Submits (``sizes``: rows each, oldest first) to run now: the prefix that fills
+    its engine batch size (the smallest of ``buckets`` that holds it) best, the longest of equals. A GPU
+    engine runs a few batch sizes (CUDA graphs at powers of two): 40 rows run as 64, 37 % of the engine's
+    work for nothing, where 32 now and 8 next run full (RT-DETR-l, 5 workers of batch 8: 0.72 of the
+    engine's rate before, every detection after; bench/RESULTS.md)."""
+    best, best_fill, rows = len(sizes), 0.0, 0
+    for k, n in enumerate(sizes, 1):
+        rows += n
+        size = next((b for b in buckets if b >= rows), rows)
+        if rows / size >= best_fill:
+            best, best_fill = k, rows / size
+    return best
+
+
 class EngineServer:
     def __init__(self, stages: Stages, facts: EngineFacts, ring: int = 3) -> None:
         self.stages, self.facts = stages, facts
@@ -131,7 +146,8 @@ class EngineServer:
             if self._stop.is_set():
                 return None
             self._reap()
-            parts, rows = [], 0
+            parts: list[tuple[Client, Submit]] = []
+            rows = 0
             while self._pending:
                 client, sub = self._pending[0]
                 if client.gone:
@@ -142,25 +158,10 @@ class EngineServer:
                 self._pending.popleft()
                 parts.append((client, sub))
                 rows += len(sub.stream_ids)
-            keep = self._fullest(parts)
+            buckets = getattr(self.stages, "buckets", None)  # GpuStages: its CUDA graphs' batch sizes
+            keep = fullest_prefix([len(s.stream_ids) for _, s in parts], buckets) if buckets else len(parts)
             self._pending.extendleft(reversed(parts[keep:]))  # the rest goes first next time
             return parts[:keep]
-
-    def _fullest(self, parts: list[tuple[Client, Submit]]) -> int:
-        """How many of ``parts`` to run: the prefix that fills its engine batch size best (the longest of
-        equals). A GPU engine runs a few batch sizes (CUDA graphs at powers of two): 40 rows run as 64, 37 %
-        of the engine's work for nothing, where 32 now and 8 next run full (RT-DETR-l, 5 workers of batch 8:
-        0.72 of the engine's rate)."""
-        buckets = getattr(self.stages, "buckets", None)
-        if not buckets or len(parts) < 2:
-            return len(parts)
-        best, best_fill, rows = len(parts), 0.0, 0
-        for k, (_, sub) in enumerate(parts, 1):
-            rows += len(sub.stream_ids)
-            size = next((b for b in buckets if b >= rows), rows)
-            if rows / size >= best_fill:
-                best, best_fill = k, rows / size
-        return best
 
     def _reap(self) -> None:
         """Close the imports of workers that left (dispatch thread, under _cond). Their rows are read only by
