@@ -3,6 +3,7 @@ it will not fit the GPU: with a fake GPU size (a function, and a fake nvidia-smi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -188,3 +189,36 @@ def test_workers_sharing_a_gpu_get_a_note_on_mps(tmp_path, monkeypatch) -> None:
     finally:
         pipe_dir.chmod(0o755)
     assert any("MPS" in n for n in notes), notes
+
+
+# engine.shared, sixteenth session (bench/RESULTS.md "One engine process per GPU", RT-DETR-l, engine
+# max_batch 64, no spare): workers, cameras, and every process's nvidia-smi MB (the workers', then the engine
+# process's). `streamd check` reports the GPU's sum; it must stay within 20 % of the measured sum.
+MEASURED_SHARED = [
+    (2, 30, False, [1798, 1798, 6374]),  # batch 8, uncompiled
+    (5, 132, True, [2547, 2547, 2547, 2622, 2622, 6084]),  # batch 8, compiled, detect_fps 10
+    (2, 48, True, [2487, 2495, 6084]),  # batch 8, compiled
+]
+
+
+@pytest.mark.parametrize(("workers", "cameras", "compiled", "measured"), MEASURED_SHARED)
+def test_the_estimate_of_a_shared_engine_is_within_20_percent(
+    tmp_path, workers: int, cameras: int, compiled: bool, measured: list[int]
+) -> None:
+    rtdetr = tmp_path / "rtdetr.onnx"
+    with rtdetr.open("wb") as f:  # only its size is read: RT-DETR-l's ONNX file
+        f.truncate(int(RTDETR_MB * 2**20))
+    cams = "".join(f"  - id: c{i}\n    url: rtsp://127.0.0.1:1/c{i}\n" for i in range(cameras))
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"streams:\n{cams}model:\n  path: {rtdetr}\n  input_size: [640, 640]\n  layout: detr\n"
+        f"engine:\n  type: torch\n  shared: true\n  max_batch: 64\n  compile: {str(compiled).lower()}\n"
+        f"pipeline:\n  workers: {workers}\n  batch_size: 8\n  spare_worker: false\n"
+    )
+    config = load_config(path, model_file=False)
+    got = estimate(config)[0]
+    total = sum(measured)
+    assert abs(got - total) <= 0.2 * total, (got, total)
+    # the engine process's share: one engine at max_batch 64, once for the GPU, whatever the worker count
+    two = dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline, workers=workers + 1))
+    assert estimate(two)[0] - got == pytest.approx(memory.SHARED_WORKER_MB)

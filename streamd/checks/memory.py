@@ -49,6 +49,12 @@ ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # which may have been YOLOv8s's 2.5 GB; until a compiled YOLOv8s worker is measured again the constant stays
 # (an estimate too high warns early; one too low lets a config run out of memory at start).
 COMPILE_MB = 2560.0
+# engine.shared: a decode worker (CUDA context, NVDEC, the preprocess kernel, its slots' rows; no engine). The
+# sixteenth session's RT-DETR-l rows (bench/RESULTS.md "One engine process per GPU"): 1,798 MB at 15 cameras,
+# 2,487-2,622 MB at 24-26, less CAMERA_MB_1080P each: 0.9-1.05 GB. The engine process is a worker's base plus
+# one engine at engine.max_batch (it merges the workers' batches); compiled it held less, not more (6.1 vs
+# 6.4-6.7 GB), so no COMPILE_MB there.
+SHARED_WORKER_MB = 1000.0
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
 PIXELS_1080P = 1920 * 1080
@@ -173,16 +179,32 @@ def estimate(config: Config, pixels: list[int] | None = None) -> dict[int, float
     pixels = camera_pixels(config) if pixels is None else pixels
     n = worker_count(config)
     devices = config.pipeline.devices or (config.engine.device,)
-    engine = engine_mb(config)
+    shared = config.engine.shared
+    engine = 0.0 if shared else engine_mb(config)
+    base = SHARED_WORKER_MB if shared else WORKER_BASE_MB
     per_device: dict[int, float] = {}
     for k in range(n):
-        mb = worker_mb(engine, pixels[k::n])
+        mb = worker_mb(engine, pixels[k::n]) - WORKER_BASE_MB + base
         dev = devices[k % len(devices)]
         per_device[dev] = per_device.get(dev, 0.0) + mb
+    used = set(devices[k % len(devices)] for k in range(n))
     if n >= 2 and config.pipeline.spare_worker:
-        for dev in set(devices[k % len(devices)] for k in range(n)):
-            per_device[dev] += WORKER_BASE_MB + engine
+        for dev in used:
+            per_device[dev] += base + engine
+    for dev in used if shared else ():  # one engine process per GPU in use
+        per_device[dev] += engine_process_mb(config)
     return per_device
+
+
+def engine_process_mb(config: Config) -> float:
+    """engine.shared: the engine process of one GPU, its engine at engine.max_batch."""
+    e, m = config.engine, config.model
+    try:
+        file_mb = os.path.getsize(m.path) / 2**20
+    except OSError:
+        file_mb = 0.0
+    bits16 = e.precision in ("fp16", "bf16", "int8")
+    return WORKER_BASE_MB + engine_mb_for(file_mb, m.input_size, e.max_batch, e.lanes, bits16)
 
 
 def mps_pipe() -> Path | None:
@@ -217,8 +239,8 @@ def check_memory(
             continue  # a device that does not exist is the engine's config error at run
         text = (
             f"GPU {dev}: estimated {mb / 1024:.1f} GiB of {total / 1024:.1f} GiB for {len(config.streams)} "
-            f"stream(s) over {workers} worker(s) (≈{WORKER_BASE_MB / 1024:.1f} GiB per worker + "
-            f"{engine_mb(config):.0f} MiB engine + ≈{CAMERA_MB_1080P:.0f} MiB per 1080p camera)"
+            f"stream(s) over {workers} worker(s) ({_parts(config)} + ≈{CAMERA_MB_1080P:.0f} MiB per 1080p "
+            "camera)"
         )
         if mb > total:
             report.warnings.append(
@@ -232,6 +254,15 @@ def check_memory(
             report.notes.append(text)
     _note_mps(config, workers, report)
     return report
+
+
+def _parts(config: Config) -> str:
+    if config.engine.shared:
+        return (
+            f"≈{SHARED_WORKER_MB / 1024:.1f} GiB per worker + {engine_process_mb(config) / 1024:.1f} GiB "
+            "per GPU for the shared engine process"
+        )
+    return f"≈{WORKER_BASE_MB / 1024:.1f} GiB per worker + {engine_mb(config):.0f} MiB engine"
 
 
 def _note_mps(config: Config, workers: int, report: MemoryReport) -> None:
