@@ -82,6 +82,25 @@ def test_streamd_runs_to_the_end_under_the_strict_filter(tmp_path, assets) -> No
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 100  # every frame of the clip
 
 
+def test_a_shared_engine_runs_under_the_strict_filter(tmp_path, assets) -> None:
+    """engine.shared: the engine process's abstract Unix socket, the workers' shared-memory rows, under the
+    unit's filter (kill mode): every line of both streams, nothing killed."""
+    cfg = tmp_path / "shared.yaml"
+    cfg.write_text(
+        f"streams:\n  - id: a\n    url: {CLIP_HEVC}\n  - id: b\n    url: {CLIP_HEVC}\n"
+        "engine:\n  type: onnxruntime\n  shared: true\n"
+        "pipeline:\n  workers: 2\n  spare_worker: false\n"
+        f"sinks:\n  - type: jsonl\n    path: {tmp_path / 'out.jsonl'}\n"
+    )
+    command = ["--", sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"]
+    proc = seccomp_run("--report", str(tmp_path / "r.json"), *command)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["mode"] == "kill" and report["killed"] == []
+    assert "serving batches" in proc.stderr, proc.stderr[-3000:]
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 200  # every frame of both streams
+
+
 def test_streamd_is_denied_nothing_and_opens_only_allowed_devices(tmp_path, assets) -> None:
     cfg = streamd_config(tmp_path)
     command = ["--", sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"]
