@@ -26,24 +26,19 @@
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
 # Env for live rows: TASKSET (cores the daemon is pinned to), ROWS_MODELS (zoo families to build; default
 # yolov8s rtdetr-l); bench_live's --pipeline-key ring_slots=2 (key=value: ROWS splits on spaces) sets a
-# pipeline key. The fifteenth session measured RT-DETR-l compiled (1,610 img/s at b64), ran 44 clean live
-# RT-DETR-l cameras (2 workers, MPS), 132 at detect_fps 10 (0 drops, p99 269 ms) and one worker's GIL at
-# 66 cameras detect_fps 10 (bench/RESULTS.md "RT-DETR-l compiled"). Next, in this order (a cold start costs
-# 1-2 min of device time; chain calls, the machine idles out in 30 s; compiled rows start in ~100 s on a warm
-# Inductor cache, ~200 s cold; a call can be lost when the machine is taken back):
-#   1. ROWS_MODELS=rtdetr-l LIVE_TIMEOUT_S=280 LIVE_BUDGET_S=280 ROWS="mps:rtdetr-l 48 --workers 2 --batch 16 \
-#        --compile --engine-img-s 1579 --warmup 20 --start-timeout 240; mps:rtdetr-l 46 <the same>" gpu_models.sh
-#        rows (carry .whl-zoo .whl-live .assets-work/live1080.mp4: 48 missed by 0.7 ms on the 30-s clip that
-#        loops inside the window)
-#   2. point 4's latency, the queue rule (p50 ≈ batch x ring_slots x workers sharing the GPU / img/s):
-#        ROWS="mps:rtdetr-l 132 --workers 5 --batch 8 --pipeline-key ring_slots=2 --compile --detect-fps 10
-#        --engine-img-s 1579 --warmup 20 --start-timeout 240" (carry also .whl-lap; CLIP=ramp1080.mp4 if the
-#        carry is short), then --workers 4 if 5 x 8 cannot carry 1,320 img/s
-#   3. ROWS_MODELS=yolov8s ROWS="yolov8s 24 --workers 1 --batch 16 --compile --engine-img-s 4506 --warmup 20"
-#      rows: a compiled YOLOv8s worker's GPU memory on the current tree (streamd/checks/memory.py COMPILE_MB:
-#      +2.5 GB from rows compiled twice before the fourteenth session's fix; RT-DETR-l now shows none)
-#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp (carry
-#      .whl-spy .whl-live .whl-torch and that clip): is NVDEC creation serialised across processes?
+# pipeline key; --shared runs engine.shared (one engine process per GPU). The sixteenth session measured the
+# shared engine with RT-DETR-l (bench/RESULTS.md "One engine process per GPU"): 132 cameras at detect_fps 10
+# p99 71 ms (5 workers x batch 8, compiled, MPS), 48 full rate p99 57 ms, 1.3x overload 0.944 of the engine.
+# Carry .whl-zoo .whl-live .whl-lap and .assets-work/live1080_50.mp4 (the 60-s clip cut to 50 s: `ffmpeg -i
+# live1080.mp4 -t 50 -c copy`, it fits beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4). Next, in this
+# order (a cold start costs 1-2 min of device time; chain calls, the machine idles out in 30 s):
+#   1. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 4 --batch 16 --shared --compile --engine-img-s 4736
+#        --warmup 20 --start-timeout 170; mps:yolov8s 120 --workers 5 --batch 8 --shared --compile <same>"
+#        rows: the sixteenth session's try had a 10-s warm-up inside the start-up backlog (p99 779 ms)
+#   2. ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 52 --workers 2 --batch 8 --shared --compile --engine-img-s
+#        1610 --warmup 15 --start-timeout 200" rows: the last cameras below the compiled engine's ceiling
+#   3. TASKSET=0-7 with --shared (the 8-core sizing rows of README item 6), and one row without MPS
+#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
