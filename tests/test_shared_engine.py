@@ -153,3 +153,17 @@ def test_results_travel_as_padded_arrays():
     counts, det = pack(dets)
     assert counts.tolist() == [1, 0] and det.shape == (2, 1, 6)
     assert det[0, 0].tolist() == [1, 2, 3, 4, 0.5, 7]
+
+
+def test_an_engine_process_that_cannot_start_ends_the_run_with_its_exit_code(tmp_path, short_clip):
+    # TensorRT is not installed here: the engine process's build fails, as a worker's would (exit 69, one
+    # line naming what to install), and the workers waiting for its socket do not hold the run up
+    out = tmp_path / "out.jsonl"
+    cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="tensorrt")
+    t0 = time.monotonic()
+    done = run_streamd("run", str(cfg), "--no-status", timeout=120)
+    assert done.returncode == 69, done.stderr[-3000:]
+    assert "the tensorrt Python package is not installed" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert time.monotonic() - t0 < 60
+    assert not _lines(out)

@@ -14,7 +14,10 @@ engine process is back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from multiprocessing.connection import Client, Connection
@@ -25,7 +28,7 @@ import numpy as np
 from streamd.config import Config
 from streamd.engines.base import Engine, EngineError
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE, StartupError
-from streamd.shared_engine.messages import EngineFacts, Refused, Results, Submit
+from streamd.shared_engine.messages import EngineFacts, Results, Submit
 from streamd.shared_engine.slots import WorkerRows
 from streamd.stages.contract import Slot
 from streamd.stages.preprocess.spec import PreprocessSpec
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ANSWER_S = 60.0  # a batch's results later than this: the engine process is wedged
 CONNECT_RETRY_S = 0.5
+CLOSE_WAIT_S = 5.0  # at close, for the answers of batches still in the engine
 # How long a worker waits for its engine process at start: a compiled engine's first start takes minutes.
 CONNECT_S = 900.0
 
@@ -118,7 +122,8 @@ class RemoteStages:
         self.batch = batch or facts.max_rows  # rows per slot: the worker's batch
         self._send_lock = threading.Lock()
         self._rows: dict[int, WorkerRows] = {}
-        self._answers: dict[int, Results | Refused] = {}
+        self._answers: dict[int, Results] = {}
+        self._outstanding: set[int] = set()  # slots submitted and not answered yet
         self._cond = threading.Condition()
         self._gone: str | None = None
         self._staging: dict[int, Any] = {}
@@ -151,9 +156,10 @@ class RemoteStages:
         try:
             while True:
                 message = self._conn.recv()
-                if isinstance(message, (Results, Refused)):
+                if isinstance(message, Results):
                     with self._cond:
                         self._answers[message.slot] = message
+                        self._outstanding.discard(message.slot)
                         self._cond.notify_all()
         except (EOFError, OSError) as exc:
             why = f"the shared engine process closed the connection ({type(exc).__name__})"
@@ -190,6 +196,8 @@ class RemoteStages:
         slot.stage_ms["preprocess"] = (time.perf_counter() - t) * 1e3
 
     def infer(self, slot: Slot) -> None:
+        with self._cond:
+            self._outstanding.add(slot.index)
         self._send(Submit(slot.index, tuple(f.stream_id for f in slot.frames)))
 
     def postprocess(self, slot: Slot) -> None:
@@ -208,8 +216,6 @@ class RemoteStages:
                 ):
                     raise EngineGone(f"the shared engine did not answer a batch within {ANSWER_S:.0f} s")
             answer = self._answers.pop(slot.index)
-        if isinstance(answer, Refused):
-            raise RuntimeError(f"the shared engine failed on a batch: {answer.message}")
         slot.stage_ms.update(engine=answer.engine_ms, host_wait=(time.perf_counter() - t) * 1e3)
         frames = slot.frames
         return to_source_padded(
@@ -220,8 +226,18 @@ class RemoteStages:
         """The engine process warmed the engine; nothing here to give back."""
 
     def close(self) -> None:
-        self._conn.close()
+        # Rows the engine may still copy from are freed only once their batches are answered (an abort
+        # leaves Submits uncollected), or the engine is gone; bounded, as everything at shutdown.
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        with self._cond:
+            while self._outstanding and self._gone is None and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+        # close() alone does not wake a thread blocked in recv() on it: shut the socket down first, so the
+        # reader ends now and the engine process sees this worker go at once.
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
         self._reader.join(timeout=5)
+        self._conn.close()
         if self.facts.on_device:
             self.ctx.activate()
             self.s1.synchronize()

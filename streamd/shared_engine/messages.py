@@ -1,6 +1,7 @@
 """What a decode worker and the engine process say over the worker's socket (pickled dataclasses).
 
-engine -> worker: ``EngineFacts`` once, on connect; then ``Results`` (or ``Refused``) per ``Submit``.
+engine -> worker: ``EngineFacts`` once, on connect; then ``Results`` per ``Submit`` (a batch that fails
+ends the engine process, and its workers restart).
 worker -> engine: ``Attach`` once per ring slot (where its rows are), then ``Submit`` per batch.
 """
 
@@ -46,9 +47,3 @@ class Results:
     det: np.ndarray
     engine_ms: float  # from the batch's dispatch to its results on the host, in the engine process
     batch_rows: int  # rows of the engine batch this Submit went in (several workers' rows together)
-
-
-@dataclass(frozen=True)
-class Refused:
-    slot: int
-    message: str  # the engine failed on this batch

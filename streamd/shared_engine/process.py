@@ -43,18 +43,18 @@ def engine_address(device: int) -> str:
 
 
 def engine_main(spec: EngineSpec, conn: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The supervisor decides when it stops (Stop, or its pipe closing), after the workers have drained their
+    # last batches through it: a signal to the whole group (Ctrl-C, KillMode=control-group) must not end it
+    # before them.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(
         level=spec.config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s engine{spec.device} %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from streamd.pipeline.build import build_stages
-
-    cfg = spec.config
     try:
-        stages = build_stages(cfg, spec.device, warm_batch=cfg.engine.max_batch)
+        server, listener = _build(spec)
     except StartupError as exc:
         conn.send(StartFailed(exc.code, str(exc)))
         return
@@ -62,27 +62,9 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         log.debug("start-up failure", exc_info=True)
         conn.send(StartFailed(EX_SOFTWARE, f"engine process: {type(exc).__name__}: {exc}"))
         return
-    engine = stages.engine
-    c, h, w = engine.input_shape
-    facts = EngineFacts(
-        engine.name,
-        engine.on_device,
-        engine.max_batch,
-        (c, h, w),
-        np.dtype(engine.input_dtype).name,
-        tuple(engine.output_shape),
-        np.dtype(engine.output_dtype).name,
-    )
-    try:
-        listener = Listener(spec.address, family="AF_UNIX", authkey=spec.authkey)
-    except OSError as exc:
-        stages.close()
-        conn.send(StartFailed(EX_SOFTWARE, f"engine process: cannot listen ({exc})"))
-        return
-    server = EngineServer(stages, facts, RING)
+    engine = server.stages.engine
     server.start()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=_accept, args=(listener, server, stop), name="accept", daemon=True).start()
     where = f"GPU {spec.device}" if engine.on_device else "the CPU"
     log.info("engine %s on %s: serving batches of up to %d rows", engine.name, where, engine.max_batch)
@@ -92,6 +74,37 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     listener.close()
     log.info("engine: stopping after %d batches (%d rows)", server.batches, server.rows)
     server.close()
+
+
+def _build(spec: EngineSpec) -> tuple[EngineServer, Listener]:
+    """The engine, its slots (warmed: CUDA graphs captured at every batch size up to engine.max_batch) and
+    the socket; nothing left open when it raises."""
+    from streamd.pipeline.build import build_stages
+
+    cfg = spec.config
+    stages = build_stages(cfg, spec.device, warm_batch=cfg.engine.max_batch)
+    try:
+        engine = stages.engine
+        c, h, w = engine.input_shape
+        facts = EngineFacts(
+            engine.name,
+            engine.on_device,
+            engine.max_batch,
+            (c, h, w),
+            np.dtype(engine.input_dtype).name,
+            tuple(engine.output_shape),
+            np.dtype(engine.output_dtype).name,
+        )
+        server = EngineServer(stages, facts, RING)
+        stages.warmed()  # the slots exist and every batch size ran: start-up's own memory goes back
+        try:
+            listener = Listener(spec.address, family="AF_UNIX", authkey=spec.authkey)
+        except OSError as exc:
+            raise StartupError(f"engine process: cannot listen ({exc})", EX_SOFTWARE) from exc
+    except BaseException:
+        stages.close()
+        raise
+    return server, listener
 
 
 def _commands(conn: Connection, stop: threading.Event) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from streamd.shared_engine.messages import Attach, EngineFacts, Refused, Results, Submit
+from streamd.exitcodes import EX_SOFTWARE
+from streamd.shared_engine.messages import Attach, EngineFacts, Results, Submit
 from streamd.shared_engine.slots import ImportedRows, row_bytes
 from streamd.stages.contract import Slot, Stages
 from streamd.types import Detections, Frame
@@ -57,6 +59,16 @@ class _Batch:
     slot: Slot
     parts: list[tuple[Client, Submit]]
     t0: float
+
+
+def _fatal(what: str) -> None:
+    """A batch failed in the engine process (a CUDA error can leave its context unusable, and a slot's
+    buffers may still be in use on the GPU): exit at once, so the supervisor restarts the process and its
+    workers, whose batches then fail, restart onto it. Answering the batch and going on risked a broken
+    engine answering every batch with an error for good."""
+    log.critical("engine: %s failed; the engine process exits and is restarted", what, exc_info=True)
+    logging.shutdown()
+    os._exit(EX_SOFTWARE)
 
 
 def pack(dets: list[Detections]) -> tuple[np.ndarray, np.ndarray]:
@@ -172,13 +184,18 @@ class EngineServer:
             self.stages.s1.synchronize()  # type: ignore[attr-defined]
         for client in self._gone:
             for rows in client.rows.values():
-                rows.close()
+                rows.close(unlink=True)  # a killed worker never unlinks its shared memory
             client.rows.clear()
         self._gone.clear()
 
     def _dispatch(self) -> None:
-        on_device = self.facts.on_device
-        if on_device:
+        try:
+            self._dispatch_loop()
+        except BaseException:
+            _fatal("dispatching a batch")
+
+    def _dispatch_loop(self) -> None:
+        if self.facts.on_device:
             self.stages.ctx.activate()  # type: ignore[attr-defined]
         _, h, w = self.facts.input_shape
         while True:
@@ -194,17 +211,10 @@ class EngineServer:
                 self._free.put(slot)
                 continue
             t0 = time.perf_counter()
-            try:
-                self._gather(slot, parts)
-                slot.frames = [Frame(sid, 0, None, w, h) for _, s in parts for sid in s.stream_ids]
-                self.stages.infer(slot)
-                self.stages.postprocess(slot)
-            except Exception as exc:
-                log.exception("engine: a batch failed")
-                for client, sub in parts:
-                    client.send(Refused(sub.slot, f"{type(exc).__name__}: {exc}"))
-                self._free.put(slot)
-                continue
+            self._gather(slot, parts)
+            slot.frames = [Frame(sid, 0, None, w, h) for _, s in parts for sid in s.stream_ids]
+            self.stages.infer(slot)
+            self.stages.postprocess(slot)
             self._inflight.put(_Batch(slot, parts, t0))
 
     def _gather(self, slot: Slot, parts: list[tuple[Client, Submit]]) -> None:
@@ -228,6 +238,12 @@ class EngineServer:
             offset += n
 
     def _collect(self) -> None:
+        try:
+            self._collect_loop()
+        except BaseException:
+            _fatal("collecting a batch")
+
+    def _collect_loop(self) -> None:
         on_device = self.facts.on_device
         if on_device:
             self.stages.ctx.activate()  # type: ignore[attr-defined]
@@ -237,28 +253,22 @@ class EngineServer:
                 return
             slot, buf = batch.slot, batch.slot.buffers
             n = len(slot.frames)
-            try:
-                if on_device:
-                    buf.events[3].synchronize()  # type: ignore[attr-defined]
-                    counts, det = buf.host.counts[:n], buf.host.det[:n]  # type: ignore[attr-defined]
-                else:
-                    counts, det = pack(buf.detections)  # type: ignore[attr-defined]
-                ms = (time.perf_counter() - batch.t0) * 1e3
-                offset = 0
-                for client, sub in batch.parts:
-                    k = len(sub.stream_ids)
-                    c = counts[offset : offset + k].copy()
-                    d = det[offset : offset + k, : int(c.max(initial=0))].copy()
-                    client.send(Results(sub.slot, c, d, ms, n))
-                    offset += k
-                self.batches += 1
-                self.rows += n
-            except Exception as exc:
-                log.exception("engine: collecting a batch failed")
-                for client, sub in batch.parts:
-                    client.send(Refused(sub.slot, f"{type(exc).__name__}: {exc}"))
-            finally:
-                self._free.put(slot)
+            if on_device:
+                buf.events[3].synchronize()  # type: ignore[attr-defined]
+                counts, det = buf.host.counts[:n], buf.host.det[:n]  # type: ignore[attr-defined]
+            else:
+                counts, det = pack(buf.detections)  # type: ignore[attr-defined]
+            ms = (time.perf_counter() - batch.t0) * 1e3
+            offset = 0
+            for client, sub in batch.parts:
+                k = len(sub.stream_ids)
+                c = counts[offset : offset + k].copy()
+                d = det[offset : offset + k, : int(c.max(initial=0))].copy()
+                client.send(Results(sub.slot, c, d, ms, n))
+                offset += k
+            self.batches += 1
+            self.rows += n
+            self._free.put(slot)
 
     def close(self) -> None:
         self._stop.set()

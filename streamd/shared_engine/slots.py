@@ -9,6 +9,7 @@ unlink fail in the tracker.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from multiprocessing import shared_memory
 from typing import Any
@@ -56,7 +57,8 @@ class WorkerRows:
             return
         self.array = None
         self._shm.close()
-        self._shm.unlink()
+        with contextlib.suppress(FileNotFoundError):  # the engine process unlinked it (it saw us go first)
+            self._shm.unlink()
 
 
 class ImportedRows:
@@ -85,9 +87,13 @@ class ImportedRows:
             shape = (rows, *facts.input_shape)
             self.array = np.ndarray(shape, np.dtype(facts.input_dtype), buffer=self._memory.buf)
 
-    def close(self) -> None:
+    def close(self, unlink: bool = False) -> None:
+        """``unlink``: the worker is gone; its shared-memory block goes too (already gone is fine)."""
         if self.event is not None:
             self.event.close()
         self.array = None
         if self._memory is not None:
             self._memory.close()
+            if unlink and isinstance(self._memory, shared_memory.SharedMemory):
+                with contextlib.suppress(FileNotFoundError):
+                    self._memory.unlink()

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from streamd.config import Config
+from streamd.exitcodes import EX_SOFTWARE
 from streamd.protocol import Ready, StartFailed, Stop
 from streamd.shared_engine.process import EngineSpec, engine_address, engine_main
 
@@ -35,6 +36,11 @@ class EngineHost:
     error: StartFailed | None = None
     restarts: int = 0
     restart_at: float | None = None
+    ever_ready: bool = False  # once: a later death is restarted; a death before it ends the run
+    ready_at: float = 0.0
+    crashes_in_a_row: int = 0  # for the backoff; reset by a process that ran HEALTHY_S
+    reader: threading.Thread | None = None
+    fatal: StartFailed | None = None
 
     @property
     def alive(self) -> bool:
@@ -44,6 +50,7 @@ class EngineHost:
 class EngineHosts:
     RESTART_MIN_S = 0.5
     RESTART_MAX_S = 30.0
+    HEALTHY_S = 60.0
 
     def __init__(self, config: Config, ctx: Any, devices: list[int]) -> None:
         self.config, self._ctx = config, ctx
@@ -72,10 +79,11 @@ class EngineHosts:
         proc.daemon = True
         proc.start()
         child.close()
-        host.process, host.conn, host.ready, host.restart_at = proc, parent, False, None
-        threading.Thread(
+        host.process, host.conn, host.ready, host.restart_at, host.error = proc, parent, False, None, None
+        host.reader = threading.Thread(
             target=self._read, args=(host, parent), name=f"read-e{host.device}", daemon=True
-        ).start()
+        )
+        host.reader.start()
 
     def _read(self, host: EngineHost, conn: Connection) -> None:
         while True:
@@ -84,7 +92,8 @@ class EngineHosts:
             except (EOFError, OSError):
                 return
             if isinstance(message, Ready):
-                host.ready = True
+                host.ready = host.ever_ready = True
+                host.ready_at = time.monotonic()
                 state = "back" if host.restarts else "ready"
                 log.info(
                     "engine process %s on device %d (pid %d): %s",
@@ -95,37 +104,47 @@ class EngineHosts:
                 )
             elif isinstance(message, StartFailed):
                 host.error = message
+                if host.ever_ready:  # a restart that cannot build: logged, and tried again with backoff
+                    log.error(
+                        "engine process on device %d could not start again: %s", host.device, message.message
+                    )
 
     def fatal(self) -> StartFailed | None:
-        """A start-up failure of an engine process that never got ready (the run cannot go on)."""
-        for host in self.hosts.values():
-            if host.error is not None and not host.ready and host.restarts == 0:
-                return host.error
-        return None
+        """A start-up failure of an engine process that was never ready in this run (the model does not load,
+        it runs out of memory warming up, it crashed): the run cannot go on."""
+        return next((h.fatal for h in self.hosts.values() if h.fatal is not None), None)
 
     def check(self, workers: list[Any]) -> None:
         """Restart engine processes that died (with backoff). A start-up failure becomes every worker slot's
         (``WorkerSlot.error``): the run stops with it, as when a worker cannot load the model."""
+        now = time.monotonic()
+        for host in self.hosts.values():
+            if self._stopping or host.alive or host.process is None or host.fatal is not None:
+                continue
+            if host.restart_at is not None:
+                if now >= host.restart_at:
+                    self._spawn(host)
+                continue
+            if host.reader is not None:
+                host.reader.join(timeout=2)  # its StartFailed, if it sent one, is in
+            code = host.process.exitcode
+            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            if not host.ever_ready:
+                host.fatal = host.error or StartFailed(
+                    EX_SOFTWARE,
+                    f"the engine process on device {host.device} died before it was ready ({why})",
+                )
+                continue
+            healthy = host.ready and now - host.ready_at >= self.HEALTHY_S
+            host.crashes_in_a_row = 1 if healthy else host.crashes_in_a_row + 1
+            host.restarts += 1
+            delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** min(host.crashes_in_a_row - 1, 8))
+            host.restart_at, host.ready = now + delay, False
+            what = "engine process on device %d died (%s); restarting in %.1f s (restart %d)"
+            log.error(what, host.device, why, delay, host.restarts)
         fatal = self.fatal()
         for w in workers if fatal is not None else ():
             w.error = w.error or fatal
-        if self._stopping:
-            return
-        now = time.monotonic()
-        for host in self.hosts.values():
-            if host.alive or host.process is None or self.fatal() is not None:
-                continue
-            if host.restart_at is None:
-                host.restarts += 1
-                delay = min(self.RESTART_MAX_S, self.RESTART_MIN_S * 2 ** min(host.restarts - 1, 8))
-                host.restart_at = now + delay
-                code = host.process.exitcode
-                why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                what = "engine process on device %d died (%s); restarting in %.1f s (restart %d)"
-                log.error(what, host.device, why, delay, host.restarts)
-                host.error = None
-            elif now >= host.restart_at:
-                self._spawn(host)
 
     def stop(self, timeout: float = 10.0) -> None:
         """After the workers: ask each engine process to stop, then end what is left."""
