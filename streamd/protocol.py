@@ -144,6 +144,15 @@ class WorkerStats:
 
 
 @dataclass(frozen=True)
+class EngineBeat:
+    """engine.shared: the engine process, once a second: batches run so far, and Submits waiting or in flight
+    (no batch for long while some wait: the engine is wedged, and the supervisor kills it)."""
+
+    batches: int
+    waiting: int
+
+
+@dataclass(frozen=True)
 class Ready:
     pid: int
     engine: str

@@ -167,3 +167,58 @@ def test_an_engine_process_that_cannot_start_ends_the_run_with_its_exit_code(tmp
     assert "Traceback" not in done.stderr
     assert time.monotonic() - t0 < 60
     assert not _lines(out)
+
+
+WEDGE = """
+import os
+marker = os.environ.get("STREAMD_TEST_ENGINE_WEDGES_ONCE")
+if marker:
+    import time
+    import streamd.shared_engine.server as _s
+
+    _orig, _calls = _s.EngineServer._gather, [0]
+
+    def _gather(self, slot, parts):
+        _calls[0] += 1
+        if _calls[0] == 20 and not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(3600)  # wedged: alive, beating, no batch
+        return _orig(self, slot, parts)
+
+    _s.EngineServer._gather = _gather
+"""
+
+
+def test_a_wedged_engine_process_is_killed_and_the_streams_go_on(tmp_path, short_clip):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(WEDGE)
+    out, marker = tmp_path / "out.jsonl", tmp_path / "wedged-once"
+    cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]),
+        "PYTHONUNBUFFERED": "1",
+        "STREAMD_TEST_ENGINE_WEDGES_ONCE": str(marker),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    before = len(_lines(out))
+    while len(_lines(out)) < before + 120 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert marker.exists(), stderr[-3000:]  # it did wedge
+    assert "(wedged); killed" in stderr and "engine process back on device 0" in stderr, stderr[-3000:]
+    lines = _lines(out)
+    assert len(lines) >= before + 120, stderr[-3000:]  # the streams went on after it
+    for sid in ("a", "b", "c"):
+        frames = [r["frame"] for r in lines if r["stream"] == sid]
+        assert frames == list(range(len(frames))), sid
+    assert proc.returncode == 0, stderr[-3000:]

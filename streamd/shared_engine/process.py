@@ -21,7 +21,7 @@ import numpy as np
 
 from streamd.config import Config
 from streamd.exitcodes import EX_SOFTWARE, StartupError
-from streamd.protocol import Ready, StartFailed, Stop
+from streamd.protocol import EngineBeat, Ready, StartFailed, Stop
 from streamd.shared_engine.messages import EngineFacts
 from streamd.shared_engine.server import EngineServer
 
@@ -70,6 +70,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     log.info("engine %s on %s: serving batches of up to %d rows", engine.name, where, engine.max_batch)
     conn.send(Ready(os.getpid(), engine.name, engine.on_device, "-"))
     threading.Thread(target=_commands, args=(conn, stop), name="commands", daemon=True).start()
+    threading.Thread(target=_beat, args=(conn, server, stop), name="beat", daemon=True).start()
     stop.wait()
     listener.close()
     log.info("engine: stopping after %d batches (%d rows)", server.batches, server.rows)
@@ -105,6 +106,15 @@ def _build(spec: EngineSpec) -> tuple[EngineServer, Listener]:
         stages.close()
         raise
     return server, listener
+
+
+def _beat(conn: Connection, server: EngineServer, stop: threading.Event) -> None:
+    """Progress for the supervisor's watchdog (``EngineHosts.STALL_S``), once a second."""
+    while not stop.wait(1.0):
+        try:
+            conn.send(EngineBeat(server.batches, server.waiting()))
+        except (OSError, ValueError):
+            return
 
 
 def _commands(conn: Connection, stop: threading.Event) -> None:

@@ -118,6 +118,10 @@ class EngineServer:
         for t in self._threads:
             t.start()
 
+    def waiting(self) -> int:
+        """Submits queued or in the engine's batches in flight."""
+        return len(self._pending) + self._inflight.qsize()
+
     def serve(self, conn: Connection, name: str) -> None:
         """A worker connected: tell it the engine, then read its messages until it goes (own thread)."""
         client = Client(conn, name)

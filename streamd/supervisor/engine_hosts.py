@@ -20,7 +20,7 @@ from typing import Any
 
 from streamd.config import Config
 from streamd.exitcodes import EX_SOFTWARE
-from streamd.protocol import Ready, StartFailed, Stop
+from streamd.protocol import EngineBeat, Ready, StartFailed, Stop
 from streamd.shared_engine.process import EngineSpec, engine_address, engine_main
 
 log = logging.getLogger("streamd.supervisor")
@@ -41,6 +41,9 @@ class EngineHost:
     crashes_in_a_row: int = 0  # for the backoff; reset by a process that ran HEALTHY_S
     reader: threading.Thread | None = None
     fatal: StartFailed | None = None
+    progress_at: float = 0.0  # monotonic: its last batch, or a beat with nothing waiting
+    batches: int = 0
+    waiting: int = 0
 
     @property
     def alive(self) -> bool:
@@ -51,6 +54,10 @@ class EngineHosts:
     RESTART_MIN_S = 0.5
     RESTART_MAX_S = 30.0
     HEALTHY_S = 60.0
+    # A ready engine process that runs no batch for this long while Submits wait, or sends no beat at all, is
+    # wedged (a GPU hang, a deadlock, SIGSTOP): killed, and restarted as if it had died. A batch takes
+    # milliseconds to a second; every batch size is compiled and captured before Ready.
+    STALL_S = 15.0
 
     def __init__(self, config: Config, ctx: Any, devices: list[int]) -> None:
         self.config, self._ctx = config, ctx
@@ -91,9 +98,14 @@ class EngineHosts:
                 message = conn.recv()
             except (EOFError, OSError):
                 return
-            if isinstance(message, Ready):
+            if isinstance(message, EngineBeat):
+                if message.batches != host.batches or message.waiting == 0:
+                    host.progress_at = time.monotonic()
+                host.batches, host.waiting = message.batches, message.waiting
+            elif isinstance(message, Ready):
                 host.ready = host.ever_ready = True
-                host.ready_at = time.monotonic()
+                host.ready_at = host.progress_at = time.monotonic()
+                host.batches = 0
                 state = "back" if host.restarts else "ready"
                 log.info(
                     "engine process %s on device %d (pid %d): %s",
@@ -119,6 +131,11 @@ class EngineHosts:
         (``WorkerSlot.error``): the run stops with it, as when a worker cannot load the model."""
         now = time.monotonic()
         for host in self.hosts.values():
+            if not self._stopping and host.alive and host.ready and now - host.progress_at > self.STALL_S:
+                what = "engine process on device %d (pid %d): no batch in %.0f s, %d waiting (wedged); killed"
+                host.process.kill()
+                log.error(what, host.device, host.process.pid, now - host.progress_at, host.waiting)
+                host.process.join(timeout=5)
             if self._stopping or host.alive or host.process is None or host.fatal is not None:
                 continue
             if host.restart_at is not None:
