@@ -92,8 +92,9 @@ def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedP
     )
 
 
-def start_streamd(config: Path, *extra: str) -> subprocess.Popen:
-    """``streamd run CONFIG`` as a live subprocess (no status line, stdout discarded, stderr piped)."""
+def start_streamd(config: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``streamd run CONFIG`` as a live subprocess (no status line, stdout discarded, stderr piped); ``env``:
+    variables set on top of this process's."""
     return subprocess.Popen(
         [sys.executable, "-m", "streamd", "run", str(config), "--no-status", *extra],
         cwd=ROOT,
@@ -101,8 +102,16 @@ def start_streamd(config: Path, *extra: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
+
+
+def with_sitecustomize(folder: Path, code: str, **variables: str) -> dict[str, str]:
+    """Environment for ``start_streamd``: a ``sitecustomize`` with ``code`` that every streamd process
+    (supervisor, workers, engine process) imports at start, to inject a real fault; plus ``variables``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)]), **variables}
 
 
 @pytest.fixture(scope="session")

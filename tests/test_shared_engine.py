@@ -14,8 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import pytest
 from streamd.gpu.cuda import gpu_available
 from streamd.shared_engine.server import fullest_prefix, pack
 from streamd.types import Detections
-from tests.conftest import CLIP, MODEL, ROOT, run_streamd
+from tests.conftest import CLIP, MODEL, run_streamd, start_streamd, with_sitecustomize
 
 MODEL_KEYS = (
     "  input_size: [416, 416]\n  channel_order: bgr\n  mean: [103.53, 116.28, 123.675]\n"
@@ -101,11 +99,7 @@ def test_a_shared_engine_on_the_gpu_matches_an_engine_per_worker(tmp_path, asset
 def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, short_clip):
     out = tmp_path / "out.jsonl"
     cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    proc = start_streamd(cfg)
     log: list[str] = []
     deadline = time.monotonic() + 240
     pid = None
@@ -190,22 +184,10 @@ if marker:
 
 
 def test_a_wedged_engine_process_is_killed_and_the_streams_go_on(tmp_path, short_clip):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(WEDGE)
     out, marker = tmp_path / "out.jsonl", tmp_path / "wedged-once"
     cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
-        "STREAMD_TEST_ENGINE_WEDGES_ONCE": str(marker),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    env = with_sitecustomize(tmp_path / "hook", WEDGE, STREAMD_TEST_ENGINE_WEDGES_ONCE=str(marker))
+    proc = start_streamd(cfg, env=env)
     deadline = time.monotonic() + 240
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)

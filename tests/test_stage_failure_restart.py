@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import av
 
-from tests.conftest import ROOT
+from tests.conftest import start_streamd, with_sitecustomize
 
 INJECT = """
 import os
@@ -42,27 +40,14 @@ if marker:
 
 
 def _run(tmp_path: Path, clip: Path, loop: bool) -> tuple[subprocess.Popen, str, Path, Path]:
-    hook = tmp_path / "hook"
-    hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(INJECT)
     out, cfg, marker = tmp_path / "out.jsonl", tmp_path / "c.yaml", tmp_path / "failed-once"
     cfg.write_text(
         f"streams:\n  - id: a\n    url: {clip}\n    loop: {'true' if loop else 'false'}\n"
         "pipeline:\n  workers: 1\n  spare_worker: false\n  batch_size: 4\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
-        "STREAMD_TEST_STAGE_FAILS_ONCE": str(marker),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamd", "run", str(cfg), "--no-status"],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    return proc, "", out, marker
+    env = with_sitecustomize(tmp_path / "hook", INJECT, STREAMD_TEST_STAGE_FAILS_ONCE=str(marker))
+    return start_streamd(cfg, env=env), "", out, marker
 
 
 def _lines(out: Path) -> list[dict]:

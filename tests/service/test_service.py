@@ -294,6 +294,40 @@ def test_nothing_is_denied_by_the_system_call_filter(box, installed) -> None:
     assert box.systemctl("start", UNIT).returncode == 0
 
 
+def test_a_shared_engine_runs_as_the_service(box, installed) -> None:
+    """engine.shared under the real unit with its filter set to kill: the engine process (abstract socket,
+    the workers' shared-memory rows, PrivateTmp, RemoveIPC) comes up, both workers' streams write lines, and
+    stop drains through it and exits 0."""
+    good = config_text(box)
+    shared = with_stream(good, "viaengine").replace("engine:\n", "engine:\n  shared: true\n", 1)
+    shared += "\npipeline:\n  workers: 2\n  spare_worker: false\n"
+    dropin = box.path("/etc/systemd/system/streamd.service.d/kill.conf")
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text("[Service]\nSystemCallErrorNumber=kill\n")
+    try:
+        write_config(box, shared)
+        box.systemctl("daemon-reload")
+        box.systemctl("reset-failed", UNIT)
+        since = box.now()
+        assert box.systemctl("restart", UNIT).returncode == 0, box.journal(UNIT, since)[-3000:]
+        out = Output(box)
+        before = out.lines("demo")
+        wait_for(
+            lambda: out.lines("viaengine") >= 2 and out.lines("demo") > before + 1, 90, "lines via the engine"
+        )
+        assert box.systemctl("stop", UNIT).returncode == 0
+        log = box.journal(UNIT, since)
+        assert box.prop(UNIT, "Result") == "success", log[-3000:]
+        assert "engine process ready on device" in log and "serving batches" in log, log[-3000:]
+        assert "SIGSYS" not in log and "31/SYS" not in log, log[-3000:]
+        assert "0 worker restart(s)" in log and "after draining" in log, log[-3000:]
+    finally:
+        dropin.unlink()
+        box.systemctl("daemon-reload")
+        write_config(box, good)
+    assert box.systemctl("start", UNIT).returncode == 0
+
+
 def test_uninstall_keeps_config_and_data_purge_removes_them(box, installed) -> None:
     proc = box.run(INSTALL, "--uninstall", timeout=120)
     assert proc.returncode == 0, proc.stderr
