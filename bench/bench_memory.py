@@ -27,7 +27,10 @@ daemon (UPPER_CASE=value) or a config key (``section.key=value``, YAML value):
 - ``no-spare``: pipeline.spare_worker=false (the spare holds a whole engine);
 - ``lean``: expandable + cudnn-ws together;
 - ``keep-cache``: STREAMD_KEEP_ALLOCATOR_CACHE=1, the worker as before it gave start-up's memory back
-  (``Stages.warmed``: the start-up check's staging buffers, the allocator's free blocks): baseline's "before".
+  (``Stages.warmed``: the start-up check's staging buffers, the allocator's free blocks): baseline's "before";
+- ``shared``: engine.shared=true, one engine process per GPU fed by decode workers that hold no engine: the
+  engine process (named by the daemon's "engine process ready ... (pid N)" line) is reported on its own and
+  left out of the per-camera / per-worker fit, which then covers the decode workers.
 ``--variant 'NAME:K=V,K=V'`` adds one. ``--nvidia-smi PATH`` replaces the tool (tests pass a shim).
 Results: DIR/bench_memory.md and DIR/bench_memory.json. A run that fails is an error row; the rest goes on.
 """
@@ -68,7 +71,9 @@ VARIANTS: dict[str, dict[str, str]] = {
         "CUBLAS_WORKSPACE_CONFIG": ":4096:2",
     },
     "keep-cache": {"STREAMD_KEEP_ALLOCATOR_CACHE": "1"},
+    "shared": {"engine.shared": "true"},
 }
+ENGINE_PID = re.compile(r"engine process (?:ready|back) on device \d+ \(pid (\d+)\)")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -210,6 +215,9 @@ def one_run(args: argparse.Namespace, name: str, settings: dict[str, str], n: in
         row["gpu_mb_per_process"] = {str(p): round(v) for p, v in sorted(peak.items())}
         row["gpu_processes"] = len(peak)
         row["gpu_mb_total"] = round(sum(peak.values()))
+        engines = {int(pid) for pid in ENGINE_PID.findall("".join(d.lines))} & set(peak)
+        row["engine_processes"] = len(engines)
+        row["gpu_mb_engines"] = round(sum(peak[p] for p in engines))
         row["gpu_mb_per_camera_naive"] = round(sum(peak.values()) / n, 1)
         row["gpu_mb_per_process_max"] = round(max(peak.values(), default=0.0))
     finally:
@@ -224,12 +232,17 @@ def fit(rows: list[dict]) -> dict:
     if len(good) < 2:
         return {}
     n = np.array([r["streams"] for r in good], float)
-    total = np.array([r["gpu_mb_total"] for r in good], float)
-    procs = np.array([r["gpu_processes"] for r in good], float)
+    # the engine processes of engine.shared hold no camera's memory: out of the fit, reported on their own
+    engines = np.array([r.get("gpu_mb_engines", 0) for r in good], float)
+    total = np.array([r["gpu_mb_total"] for r in good], float) - engines
+    procs = np.array([r["gpu_processes"] - r.get("engine_processes", 0) for r in good], float)
     # total = per_camera * N + per_worker * processes: least squares over the runs
     a = np.stack([n, procs], axis=1)
     (per_camera, per_worker), *_ = np.linalg.lstsq(a, total, rcond=None)
-    return {"mb_per_camera": round(float(per_camera), 1), "mb_per_worker": round(float(per_worker), 1)}
+    out = {"mb_per_camera": round(float(per_camera), 1), "mb_per_worker": round(float(per_worker), 1)}
+    if engines.any():
+        out["mb_per_engine_process"] = round(float(engines.max()))
+    return out
 
 
 def markdown(results: dict) -> str:
@@ -238,28 +251,30 @@ def markdown(results: dict) -> str:
         f"model {results['model']}",
         "",
         "| variant | streams | GPU processes | total MB | MB / camera (total / N) | largest process MB "
-        "| delivered fps | drops | p99 ms | exit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| engine process MB | delivered fps | drops | p99 ms | exit |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["rows"]:
         if "error" in r and "gpu_mb_total" not in r:
-            lines.append(f"| {r['variant']} | {r['streams']} | error: {r['error'][:200]} | | | | | | | |")
+            lines.append(f"| {r['variant']} | {r['streams']} | error: {r['error'][:200]} | | | | | | | | |")
             continue
         lines.append(
             f"| {r['variant']} | {r['streams']} | {r['gpu_processes']} | {r['gpu_mb_total']:,} "
-            f"| {r['gpu_mb_per_camera_naive']} | {r['gpu_mb_per_process_max']:,} | {r['delivered_fps']} "
+            f"| {r['gpu_mb_per_camera_naive']} | {r['gpu_mb_per_process_max']:,} "
+            f"| {r.get('gpu_mb_engines') or ''} | {r['delivered_fps']} "
             f"| {r['drops_in_window']} | {r['p99_ms']} | {r['exit']} |"
         )
     if results["fits"]:
         lines += [
             "",
-            "| variant | MB per camera (fit) | MB per worker (fit) | settings |",
-            "|---|---:|---:|---|",
+            "| variant | MB per camera (fit) | MB per worker (fit) | engine process MB | settings |",
+            "|---|---:|---:|---:|---|",
         ]
         for name, f in results["fits"].items():
             settings = ", ".join(f"{k}={v}" for k, v in results["variants"][name].items()) or "as generated"
             lines.append(
-                f"| {name} | {f.get('mb_per_camera', '')} | {f.get('mb_per_worker', '')} | {settings} |"
+                f"| {name} | {f.get('mb_per_camera', '')} | {f.get('mb_per_worker', '')} "
+                f"| {f.get('mb_per_engine_process', '')} | {settings} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_memory import config_dict, fit, parse_variant, split_settings
+from bench.bench_memory import ENGINE_PID, config_dict, fit, parse_variant, split_settings
 from tests.conftest import CLIP, ROOT
 from tests.engines.conftest import torch_ready  # noqa: F401 (the fixture)
 from tests.engines.tiny_models import make_detector
@@ -79,6 +79,22 @@ def test_memory_fit_recovers_per_camera_and_per_worker() -> None:
     ]
     assert fit(rows) == {"mb_per_camera": 50.0, "mb_per_worker": 1500.0}
     assert fit(rows[:1]) == {} and fit([*rows[:1], {"streams": 64, "error": "not ready"}]) == {}
+    # engine.shared: one engine process of 6,000 MB beside the decode workers, out of the fit
+    shared = [
+        {**r, "gpu_processes": r["gpu_processes"] + 1, "engine_processes": 1, "gpu_mb_engines": 6000.0,
+         "gpu_mb_total": r["gpu_mb_total"] + 6000.0}
+        for r in rows
+    ]  # fmt: skip
+    assert fit(shared) == {"mb_per_camera": 50.0, "mb_per_worker": 1500.0, "mb_per_engine_process": 6000}
+
+
+def test_memory_names_the_engine_process_by_the_daemons_line() -> None:
+    from streamd.supervisor import engine_hosts
+
+    source = Path(engine_hosts.__file__).read_text()
+    assert '"engine process %s on device %d (pid %d): %s"' in source  # the line ENGINE_PID reads
+    line = "engine process %s on device %d (pid %d): %s" % ("ready", 0, 4242, "torch fp16")
+    assert ENGINE_PID.findall(f"x\n{line}\n") == ["4242"]
 
 
 def test_memory_variants_split_into_environment_and_config_keys(tmp_path) -> None:
