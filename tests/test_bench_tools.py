@@ -94,7 +94,7 @@ def test_memory_names_the_engine_process_by_the_daemons_line() -> None:
     source = Path(engine_hosts.__file__).read_text()
     assert '"engine process %s on device %d (pid %d): %s"' in source  # the line ENGINE_PID reads
     fmt = "engine process %s on device %d (pid %d): %s"
-    line = fmt % ("ready", 0, 4242, "torch fp16")  # noqa: UP031 (the logging call's own format)
+    line = fmt % ("ready", 0, 4242, "torch fp16")  # the logging call's own format
     assert ENGINE_PID.findall(f"x\n{line}\n") == ["4242"]
 
 
