@@ -51,9 +51,11 @@ ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 COMPILE_MB = 2560.0
 # engine.shared: a decode worker (CUDA context, NVDEC, the preprocess kernel, its slots' rows; no engine). The
 # sixteenth session's RT-DETR-l rows (bench/RESULTS.md "One engine process per GPU"): 1,798 MB at 15 cameras,
-# 2,487-2,622 MB at 24-26, less CAMERA_MB_1080P each: 0.9-1.05 GB. The engine process is a worker's base plus
-# one engine at engine.max_batch (it merges the workers' batches); compiled it held less, not more (6.1 vs
-# 6.4-6.7 GB), so no COMPILE_MB there.
+# 2,487-2,622 MB at 24-26, less CAMERA_MB_1080P each: 0.9-1.05 GB. The seventeenth session's bench_memory rows
+# (NanoDet and YOLOv8s, 16/64/120 cameras, batch 32): workers of 16 cameras 1.9-2.2 GB, a spare (no camera)
+# 0.7-1.0 GB. The engine process is a worker's base plus one engine at engine.max_batch (it merges the
+# workers' batches; measured 2.3 GB NanoDet, 4.1 GB YOLOv8s, 6.1-6.4 GB RT-DETR-l); compiled it held less,
+# not more (6.1 vs 6.4-6.7 GB), so no COMPILE_MB there.
 SHARED_WORKER_MB = 1000.0
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
