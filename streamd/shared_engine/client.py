@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from streamd.config import Config
 from streamd.engines.base import Engine, EngineError
 from streamd.exitcodes import EX_CONFIG, EX_UNAVAILABLE, StartupError
-from streamd.shared_engine.messages import EngineFacts, Results, Submit
+from streamd.shared_engine.messages import Classes, EngineFacts, Results, Submit
 from streamd.shared_engine.slots import WorkerRows
 from streamd.stages.contract import Slot
 from streamd.stages.preprocess.spec import PreprocessSpec
@@ -202,6 +203,12 @@ class RemoteStages:
 
     def postprocess(self, slot: Slot) -> None:
         """NMS runs in the engine process."""
+
+    def set_classes(self, stream_id: str, thresholds: Sequence[float] | None) -> None:
+        """The engine process runs the NMS: it gets the row, ahead of this worker's later Submits (one
+        socket, in order)."""
+        row = None if thresholds is None else tuple(float(t) for t in thresholds)
+        self._send(Classes(stream_id, row))
 
     def collect(self, slot: Slot) -> list[Detections]:
         t = time.perf_counter()

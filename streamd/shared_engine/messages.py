@@ -2,7 +2,8 @@
 
 engine -> worker: ``EngineFacts`` once, on connect; then ``Results`` per ``Submit`` (a batch that fails
 ends the engine process, and its workers restart).
-worker -> engine: ``Attach`` once per ring slot (where its rows are), then ``Submit`` per batch.
+worker -> engine: ``Attach`` once per ring slot (where its rows are), then ``Submit`` per batch; ``Classes``
+whenever one of its streams starts or changes (its per-class thresholds: the engine process runs the NMS).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ class Attach:
 class Submit:
     slot: int
     stream_ids: tuple[str, ...]  # one per row, in row order (per-stream score thresholds)
+
+
+@dataclass(frozen=True)
+class Classes:
+    """A stream's per-class score thresholds from now on (``Stages.set_classes``); None: the model's."""
+
+    stream_id: str
+    thresholds: tuple[float, ...] | None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from streamd.exitcodes import EX_SOFTWARE
-from streamd.shared_engine.messages import Attach, EngineFacts, Results, Submit
+from streamd.shared_engine.messages import Attach, Classes, EngineFacts, Results, Submit
 from streamd.shared_engine.slots import ImportedRows, row_bytes
 from streamd.stages.contract import Slot, Stages
 from streamd.types import Detections, Frame
@@ -135,6 +135,8 @@ class EngineServer:
                     with self._cond:
                         self._pending.append((client, message))
                         self._cond.notify()
+                elif isinstance(message, Classes):
+                    self.stages.set_classes(message.stream_id, message.thresholds)
         except (EOFError, OSError):
             pass
         except Exception:

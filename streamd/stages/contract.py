@@ -9,6 +9,7 @@ implementation does the work synchronously in each call, so the threads give the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +39,11 @@ class Stages(Protocol):
     def collect(self, slot: Slot) -> list[Detections]:
         """Wait until the slot's results are on the host; detections in source pixels (``slot.transforms``
         undone, clipped to each frame), one per frame."""
+        ...
+
+    def set_classes(self, stream_id: str, thresholds: Sequence[float] | None) -> None:
+        """A stream's per-class score thresholds from now on (``ModelConfig.thresholds`` of its ``classes``;
+        +inf filters a class out); None: the model's. Frames postprocessed after the call use them."""
         ...
 
     def warmed(self) -> None:

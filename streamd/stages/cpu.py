@@ -4,6 +4,7 @@ engine, numpy NMS, each call doing its work in the calling stage thread."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from streamd.engines.base import Engine
 from streamd.stages.contract import Slot
 from streamd.stages.host_frames import HostFrames
-from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec
+from streamd.stages.postprocess.cpu import CpuPostprocessor, PostprocessSpec, set_stream_classes
 from streamd.stages.preprocess.cpu import CpuPreprocessor, PreprocessSpec
 from streamd.types import Detections
 
@@ -64,6 +65,9 @@ class CpuStages:
             Detections(t.to_source(d.xyxy, f.width, f.height), d.score, d.class_id)
             for f, t, d in zip(slot.frames, slot.transforms, buf.detections, strict=True)
         ]
+
+    def set_classes(self, stream_id: str, thresholds: Sequence[float] | None) -> None:
+        set_stream_classes(self._post.spec, stream_id, thresholds)
 
     def warmed(self) -> None:
         """Nothing to give back on the CPU."""

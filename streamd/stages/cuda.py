@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,7 +33,7 @@ from streamd.gpu.cuda import Context, DeviceBuffer, Event, Stream
 from streamd.gpu.kernels import KernelLoader
 from streamd.stages.contract import Slot
 from streamd.stages.cuda_input import DTYPE_NAMES, GpuInput, Staging
-from streamd.stages.postprocess.cpu import PostprocessSpec
+from streamd.stages.postprocess.cpu import PostprocessSpec, set_stream_classes
 from streamd.stages.postprocess.cuda import GpuPostprocessor, HostNmsResults, NmsResults
 from streamd.stages.preprocess.spec import PreprocessSpec
 from streamd.types import Detections
@@ -164,6 +165,9 @@ class GpuStages:
         )
         frames = slot.frames
         return buf.host.source_detections(slot.transforms, [(f.width, f.height) for f in frames])
+
+    def set_classes(self, stream_id: str, thresholds: Sequence[float] | None) -> None:
+        set_stream_classes(self.post.spec, stream_id, thresholds)
 
     def warmed(self) -> None:
         """The engine gives back what only start-up used (torch: the start-up check's max-batch staging

@@ -156,8 +156,20 @@ class Pipeline:
         for sc in self.streams:
             self.workers.append(self._stream_worker(sc, self._resume.get(sc.id)))
 
-    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamReader:
-        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook."""
+    def _set_classes(self, sc: StreamConfig) -> None:
+        """The stream's class filter in the stages, before its first frame. The stages were built from the
+        run's first config; a reload, the control API or a cluster may have changed ``classes`` since. A
+        removed stream keeps its row: its last batches may still be in flight."""
+        assert self.stages is not None
+        model = self.config.model
+        self.stages.set_classes(sc.id, None if sc.classes is None else model.thresholds(sc.classes))
+
+    def _stream_worker(
+        self, sc: StreamConfig, resume: Resume | None, classes_later: bool = False
+    ) -> StreamReader:
+        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook;
+        ``classes_later``: the caller sets its class filter (``_set_classes``) once the old one's frames
+        went into batches."""
         cfg, batcher = self.config, self.batcher
         assert batcher is not None
         options: dict[str, int] = {}
@@ -166,6 +178,8 @@ class Pipeline:
             # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
         policy = "latest" if sc.is_live or sc.realtime else "block"
+        if not classes_later:
+            self._set_classes(sc)
         q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
         worker = StreamReader(
             sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
@@ -223,7 +237,8 @@ class Pipeline:
         # The successors' queues join the batcher before the old ones are gone: a worker whose only
         # stream changes must not read as finished in between.
         arriving = [
-            self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
+            self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id), classes_later=True)
+            for sc in upsert
         ]
         for w in leaving:
             q = self._queues.pop(w)
@@ -231,6 +246,8 @@ class Pipeline:
             assert self.batcher is not None
             self.batcher.discard(q)
             self._finish_analytics(w)
+        for sc in upsert:  # after the old incarnation's queued frames went into batches
+            self._set_classes(sc)
         self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
         for worker in arriving:
             self.workers.append(worker)
@@ -253,12 +270,13 @@ class Pipeline:
         """A stopped stream's tracks leave their zones (also when a changed stream's successor has its own
         hook by now)."""
         hook = w.analytics
+        if hook is None:  # a plain stream (it never had a hook in self.analytics)
+            return
         if self.analytics.get(w.cfg.id) is hook:  # removed; a replaced id already maps to its new hook
             del self.analytics[w.cfg.id]
-        if hook is not None:
-            with hook.lock:
-                if outputs := hook.flush():
-                    self._hook_lines(outputs, w.cfg.id)
+        with hook.lock:
+            if outputs := hook.flush():
+                self._hook_lines(outputs, w.cfg.id)
 
     def _on_results(self, results: list[FrameResult]) -> None:
         """One batch: plain streams go out as one message; a stream with analytics sends its lines under its

@@ -83,4 +83,23 @@ def test_thresholds_from_config(tmp_path):
     assert rows[1, 2] == np.float32(0.25) and np.isinf(rows[1, 0])
     assert np.array_equal(rows[2], rows[0])
     plain = {"streams": [{"id": "a", "url": "v.mp4"}]}
-    assert ClassThresholds.from_config(parse_config(plain, tmp_path)) is None
+    assert not ClassThresholds.from_config(parse_config(plain, tmp_path)).active
+
+
+def test_a_streams_row_changes_while_batches_run():
+    """``set_stream`` (a reload, the API or a cluster changed a stream's classes): later lookups use the new
+    row, None goes back to the default, and a table whose rows all equal the plain threshold is not active."""
+    table = ClassThresholds([0.3, 0.3], plain=0.3)
+    assert not table.active
+    table.set_stream("a", [0.3, math.inf])  # person only
+    assert table.active
+    assert table.rows(["a", "b"]).tolist() == [[np.float32(0.3), math.inf], [np.float32(0.3)] * 2]
+    frame = yolov8([(50, 50, 20, 20), (300, 300, 20, 40)], [[0.0, 0.9], [0.6, 0.0]])  # a car, a person
+    raw = np.concatenate([frame, frame])
+    spec = PostprocessSpec("yolov8", 2, 0.3, 0.5, 10, 100, thresholds=table)
+    got = CpuPostprocessor(spec)(raw, ["a", "b"])
+    assert set(got[0].class_id.tolist()) == {0} and set(got[1].class_id.tolist()) == {0, 1}
+    table.set_stream("a", None)
+    assert not table.active and table.rows(["a"]).tolist() == [[np.float32(0.3)] * 2]
+    with pytest.raises(ValueError, match="row"):
+        table.set_stream("a", [0.3])

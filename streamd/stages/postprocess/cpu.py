@@ -25,55 +25,94 @@ from streamd.stages.postprocess.read import decode_rows
 from streamd.stages.postprocess.resolve import resolve_head
 from streamd.types import Detections
 
-__all__ = ["LAYOUTS", "ClassThresholds", "CpuPostprocessor", "PostprocessSpec", "head_for", "nms", "select"]
+__all__ = [
+    "LAYOUTS",
+    "ClassThresholds",
+    "CpuPostprocessor",
+    "PostprocessSpec",
+    "head_for",
+    "nms",
+    "select",
+    "set_stream_classes",
+]
 
 
 class ClassThresholds:
     """Score threshold per stream and class: rows of C float32, ``+inf`` where a class is filtered out.
 
     ``rows(stream_ids)`` gives the [B, C] array of one batch (one row per frame, by the frame's stream);
-    a stream without its own row uses ``default``.
+    a stream without its own row uses ``default``. ``set_stream`` changes one stream's row while batches run
+    (a reload, the control API or a cluster changed its ``classes``): the frames postprocessed after it use
+    the new row. ``plain``: the model's single score threshold; while every row equals it the table is not
+    ``active`` and the postprocessors take their scalar path.
     """
 
     def __init__(
-        self, default: Sequence[float], per_stream: Mapping[str, Sequence[float]] | None = None
+        self,
+        default: Sequence[float],
+        per_stream: Mapping[str, Sequence[float]] | None = None,
+        plain: float | None = None,
     ) -> None:
         self.default = np.asarray(default, np.float32)
         if self.default.ndim != 1 or len(self.default) == 0:
             raise ValueError(
                 f"ClassThresholds: expected a row of C thresholds, got shape {self.default.shape}"
             )
-        self.per_stream = {k: np.asarray(v, np.float32) for k, v in (per_stream or {}).items()}
-        for sid, row in self.per_stream.items():
-            if row.shape != self.default.shape:
-                raise ValueError(
-                    f"ClassThresholds: stream {sid!r} row {row.shape}, expected {self.default.shape}"
-                )
+        self._plain_default = plain is not None and bool(np.all(self.default == np.float32(plain)))
+        self.per_stream: dict[str, np.ndarray] = {}
+        for sid, row in (per_stream or {}).items():
+            self.per_stream[sid] = self._row(sid, row)
+
+    def _row(self, sid: str, row: Sequence[float]) -> np.ndarray:
+        out = np.asarray(row, np.float32)
+        if out.shape != self.default.shape:
+            raise ValueError(
+                f"ClassThresholds: stream {sid!r} row {out.shape}, expected {self.default.shape}"
+            )
+        return out
 
     @property
     def num_classes(self) -> int:
         return len(self.default)
 
+    @property
+    def active(self) -> bool:
+        """Whether a frame's row may differ from the plain score threshold (else no per-frame table)."""
+        return bool(self.per_stream) or not self._plain_default
+
+    def set_stream(self, stream_id: str, row: Sequence[float] | None) -> None:
+        """Stream ``stream_id``'s row from now on; None: the default row. Replaces the mapping whole, so a
+        batch being looked up meanwhile sees the old rows or the new ones, never a mix in one mapping."""
+        table = dict(self.per_stream)
+        if row is None:
+            table.pop(stream_id, None)
+        else:
+            table[stream_id] = self._row(stream_id, row)
+        self.per_stream = table
+
     @classmethod
-    def from_config(cls, config: Any) -> ClassThresholds | None:
-        """From a ``streamd.config.Config``; None when no class filter or per-class threshold is configured
-        (then the plain ``score_threshold`` applies, with no per-frame table)."""
+    def from_config(cls, config: Any) -> ClassThresholds:
+        """From a ``streamd.config.Config`` (model.classes, model.class_thresholds, streams[].classes); not
+        ``active`` when none is configured (the plain ``score_threshold`` applies, no per-frame table)."""
         model = config.model
-        if (
-            model.classes is None
-            and not model.class_thresholds
-            and all(s.classes is None for s in config.streams)
-        ):
-            return None
         per_stream = {s.id: model.thresholds(s.classes) for s in config.streams if s.classes is not None}
-        return cls(model.thresholds(), per_stream)
+        return cls(model.thresholds(), per_stream, plain=model.score_threshold)
 
     def rows(self, stream_ids: Sequence[str], out: np.ndarray | None = None) -> np.ndarray:
         """[len(stream_ids), C] float32 (written into ``out`` when given)."""
         table = np.empty((len(stream_ids), self.num_classes), np.float32) if out is None else out
+        per_stream = self.per_stream  # one mapping for the whole batch
         for i, sid in enumerate(stream_ids):
-            table[i] = self.per_stream.get(sid, self.default)
+            table[i] = per_stream.get(sid, self.default)
         return table
+
+
+def set_stream_classes(spec: PostprocessSpec, stream_id: str, row: Sequence[float] | None) -> None:
+    """``Stages.set_classes`` of the stages that run this spec's postprocess."""
+    if spec.thresholds is not None:
+        spec.thresholds.set_stream(stream_id, row)
+    elif row is not None:
+        raise ValueError("postprocess built without a class table: per-stream classes cannot be set")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +198,7 @@ class CpuPostprocessor:
         """``stream_ids``: the stream of each frame, for per-stream class thresholds (``spec.thresholds``)."""
         spec = self.spec
         table = None
-        if spec.thresholds is not None:
+        if spec.thresholds is not None and spec.thresholds.active:
             if stream_ids is None or len(stream_ids) != len(output):
                 raise ValueError("CpuPostprocessor: class thresholds need the stream id of every frame")
             table = spec.thresholds.rows(stream_ids)

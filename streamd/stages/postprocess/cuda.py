@@ -12,7 +12,8 @@ Same semantics as the CPU twin (``streamd.stages.postprocess.cpu``): detections 
 Class filter / per-class thresholds (``spec.thresholds``): each call writes the batch's [B, C] threshold rows
 (one per frame, by its stream; +inf for filtered classes) into the results' pinned staging table and copies
 it to the device on the same stream before the decode kernel, which compares each candidate's best class
-score with its row. Pass ``stream_ids`` then; without ``spec.thresholds`` no table is made (scalar threshold).
+score with its row. Pass ``stream_ids`` then; without ``spec.thresholds`` no table is made, and while the
+table is not ``active`` (every row the plain threshold) the kernel takes the scalar threshold.
 
 Scratch memory is owned by the postprocessor and shared by its calls; each call waits (on the device) for the
 previous call's kernels, so calls from different streams are safe.
@@ -283,7 +284,7 @@ class GpuPostprocessor:
         self._counts.fill_u32(0, stream, count=batch)
         thresholds_ptr = 0
         table = self.spec.thresholds
-        if table is not None:
+        if table is not None and table.active:
             if stream_ids is None or len(stream_ids) != batch:
                 raise ValueError("GpuPostprocessor: class thresholds need the stream id of every frame")
             if results.thresholds is None or results.thresholds_host is None:
