@@ -3,6 +3,8 @@
 
     PYTHONPATH=<wheels> python bench/bench_engines.py [--model M.onnx --input-size W H | --config C.yaml]
         [--batches 1 8 16 32 64] [--precisions fp16 bf16 fp32] [--variants graphs eager lanes2 compile ...]
+        (``compile+autotune``: engine.compile with Inductor's ``max_autotune``, Triton GEMM/conv templates
+        benchmarked against cuBLAS/cuDNN at compile; a bench variant only, its compile time is unmeasured)
         [--seconds 1.0] [--budget-s 240] [--out DIR] [--device cpu]
 
 Without ``--model``/``--config``: the bundled NanoDet, batch 1/8/32/64, fp32 and fp16 eager vs CUDA graphs,
@@ -62,6 +64,19 @@ class Variant:
     lanes: int = 1
     compile: bool = False
     extra: dict = field(default_factory=dict)  # EngineOptions overrides (ablations)
+    inductor: dict = field(default_factory=dict)  # torch._inductor.config settings while it builds and runs
+
+
+def inductor_settings(values: dict) -> dict:
+    """Set ``torch._inductor.config`` keys; returns their previous values (to set back)."""
+    if not values:
+        return {}
+    import torch._inductor.config as config
+
+    before = {k: getattr(config, k) for k in values}
+    for k, v in values.items():
+        setattr(config, k, v)
+    return before
 
 
 def plan(args: argparse.Namespace) -> list[Variant]:
@@ -84,6 +99,8 @@ def plan(args: argparse.Namespace) -> list[Variant]:
             out.append(Variant("compile", p, compile=True))
         if "compile+lanes2" in want:
             out.append(Variant("compile + lanes 2", p, lanes=2, compile=True))
+        if "compile+autotune" in want:  # Inductor benchmarks Triton GEMM/conv templates against cuBLAS/cuDNN
+            out.append(Variant("compile + max-autotune", p, compile=True, inductor={"max_autotune": True}))
     return out
 
 
@@ -292,6 +309,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
         v = todo.pop(0)
         head = {"variant": v.label, "precision": v.precision, "lanes": v.lanes, "compile": v.compile}
         engine = None
+        restore = inductor_settings(v.inductor)  # set back after this variant's rows
         try:
             if not on_cpu:
                 torch.cuda.empty_cache()
@@ -325,6 +343,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
             print(json.dumps(rows[-1]), flush=True)
             if engine is not None:
                 engine.close()
+            inductor_settings(restore)
             continue
         first = len(rows)
         for graphs in v.graph_modes if not on_cpu else (False,):
@@ -353,6 +372,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
                     max_reserved_mb=round(peak), engine_reserved_mb=round(peak - ours), smi_after_mb=after
                 )
         engine.close()
+        inductor_settings(restore)
         del runner, engine
         gc.collect()
     meta = {
@@ -410,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precisions", nargs="+", default=None, choices=["fp16", "bf16", "fp32"])
     p.add_argument(
         "--variants", nargs="+", default=["eager", "graphs", "lanes2", "compile", "compile+lanes2"],
-        choices=["eager", "graphs", "lanes2", "compile", "compile+lanes2"],
+        choices=["eager", "graphs", "lanes2", "compile", "compile+lanes2", "compile+autotune"],
         help="with --model/--config: engines per precision (eager and graphs share one engine)",
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per row (back-to-back part)")

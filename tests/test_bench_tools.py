@@ -152,3 +152,21 @@ def test_bench_memory_runs_on_the_cpu_with_a_fake_nvidia_smi(tmp_path, monkeypat
         assert row["gpu_mb_total"] == row["gpu_processes"] * per.pop()
     assert set(result["fits"]) == {"baseline", "extra"}
     assert "| extra | 2 |" in (out / "bench_memory.md").read_text()
+
+
+@pytest.mark.usefixtures("torch_ready")
+def test_bench_engines_autotune_variant_sets_inductor_and_sets_it_back() -> None:
+    import torch._inductor.config as config
+
+    from bench.bench_engines import inductor_settings, plan
+
+    args = argparse.Namespace(legacy=False, variants=["graphs", "compile+autotune"], precisions=["fp16"])
+    variants = plan(args)
+    assert [v.label for v in variants] == ["default", "compile + max-autotune"]
+    tuned = variants[1]
+    assert tuned.compile and tuned.inductor == {"max_autotune": True}
+    was = config.max_autotune
+    before = inductor_settings(tuned.inductor)
+    assert config.max_autotune is True and before == {"max_autotune": was}
+    assert inductor_settings(before) == {"max_autotune": True} and config.max_autotune == was
+    assert inductor_settings({}) == {}

@@ -29,15 +29,20 @@
 # pipeline key; --shared runs engine.shared (one engine process per GPU). The sixteenth session measured the
 # shared engine with RT-DETR-l (bench/RESULTS.md "One engine process per GPU"): 132 cameras at detect_fps 10
 # p99 71 ms (5 workers x batch 8, compiled, MPS), 48 full rate p99 57 ms, 1.3x overload 0.944 of the engine.
-# Carry .whl-zoo .whl-live .whl-lap and .assets-work/live1080_50.mp4 (the 60-s clip cut to 50 s: `ffmpeg -i
-# live1080.mp4 -t 50 -c copy`, it fits beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4). Next, in this
-# order (a cold start costs 1-2 min of device time; chain calls, the machine idles out in 30 s):
-#   1. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 4 --batch 16 --shared --compile --engine-img-s 4736
-#        --warmup 20 --start-timeout 170; mps:yolov8s 120 --workers 5 --batch 8 --shared --compile <same>"
-#        rows: the sixteenth session's try had a 10-s warm-up inside the start-up backlog (p99 779 ms)
-#   2. ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 52 --workers 2 --batch 8 --shared --compile --engine-img-s
-#        1610 --warmup 15 --start-timeout 200" rows: the last cameras below the compiled engine's ceiling
-#   3. TASKSET=0-7 with --shared (the 8-core sizing rows of README item 6), and one row without MPS
+# The seventeenth session (bench/RESULTS.md "Shared engine: memory at 16 / 64 / 120 cameras"): memory with
+# MEM_VARIANTS="baseline shared", 8-core shared rows (96 YOLOv8s clean), RT-DETR 144 at detect_fps 10 (p99
+# 195 ms) and 52 full rate (past the engine). Carry .whl-zoo .whl-live .whl-lap and
+# .assets-work/live1080_50.mp4 (the 60-s clip cut to 50 s: `ffmpeg -i live1080.mp4 -t 50 -c copy`, it fits
+# beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4; 63.3 MiB with the tree). A warm machine keeps
+# Inductor's cache: a second compiled RT-DETR row compiles in ~73 s instead of ~175 s. Next, in this order (a
+# cold start costs 1-2 min of device time; chain calls, the machine idles out in 30 s):
+#   1. CEIL_MODELS=rtdetr-l CEIL_VARIANTS="compile compile+autotune" CEIL_B="16 32 64" tools/gpu_models.sh
+#        ceiling: Inductor's max_autotune on RT-DETR-l (the torch engine needs ~1.25x for 64 cameras; its
+#        compile time is unknown, may pass the call's 10 min: run it alone)
+#   2. the GPU tests of the class table (tests/analytics/gpu, tests/test_shared_engine.py's GPU twin) on the
+#        tree with Stages.set_classes, and a real systemd with engine.shared on the GPU (tests/service)
+#   3. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 5 --batch 8 --shared --compile --engine-img-s 4736
+#        --warmup 25 --start-timeout 200" rows: compiled YOLOv8s with the shared engine
 #   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
