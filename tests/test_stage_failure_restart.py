@@ -106,7 +106,7 @@ def test_a_looped_file_restarts_with_its_worker_and_goes_on(tmp_path, short_clip
     threshold = load_config(out.parent / "c.yaml").model.score_threshold
     dets = [_rounded(r["detections"], threshold) for r in lines]
     k = next((i for i in range(1, pictures // 2) if _near(dets[i : i + 8], dets[:8])), None)
-    assert k is not None, f"no restart from the first picture found; first frames {dets[:3]}, lines {dets[8:24]}"
+    assert k is not None, f"no restart from the first picture; first frames {dets[:3]}, then {dets[8:24]}"
     assert _near(dets[k : 2 * k], dets[:k])  # the restart began at the first picture
     assert _near(dets[k + pictures : k + 2 * pictures], dets[k : k + pictures])  # and looped on
     assert proc.returncode == 0, stderr[-3000:]
