@@ -208,7 +208,10 @@ class RemoteStages:
         """The engine process runs the NMS: it gets the row, ahead of this worker's later Submits (one
         socket, in order)."""
         row = None if thresholds is None else tuple(float(t) for t in thresholds)
-        self._send(Classes(stream_id, row))
+        try:
+            self._send(Classes(stream_id, row))
+        except EngineGone:  # the stream's first Submit fails the same way: a stage failure, and a restart
+            log.warning("engine: the shared engine process is gone; stream %s's classes not sent", stream_id)
 
     def collect(self, slot: Slot) -> list[Detections]:
         t = time.perf_counter()

@@ -159,7 +159,7 @@ class Pipeline:
     def _set_classes(self, sc: StreamConfig) -> None:
         """The stream's class filter in the stages, before its first frame. The stages were built from the
         run's first config; a reload, the control API or a cluster may have changed ``classes`` since. A
-        removed stream keeps its row: its last batches may still be in flight."""
+        removed stream keeps its row (its last batches may still be in flight; a row is C floats)."""
         assert self.stages is not None
         model = self.config.model
         self.stages.set_classes(sc.id, None if sc.classes is None else model.thresholds(sc.classes))
@@ -246,7 +246,7 @@ class Pipeline:
             assert self.batcher is not None
             self.batcher.discard(q)
             self._finish_analytics(w)
-        for sc in upsert:  # after the old incarnation's queued frames went into batches
+        for sc in upsert:  # the new frames use it; old ones in batches not yet postprocessed may too
             self._set_classes(sc)
         self.streams = tuple(s for s in self.streams if s.id not in touched) + tuple(upsert)
         for worker in arriving:

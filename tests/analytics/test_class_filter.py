@@ -103,3 +103,28 @@ def test_a_streams_row_changes_while_batches_run():
     assert not table.active and table.rows(["a"]).tolist() == [[np.float32(0.3)] * 2]
     with pytest.raises(ValueError, match="row"):
         table.set_stream("a", [0.3])
+
+
+def test_rows_set_from_several_threads_are_all_kept():
+    """The shared engine process sets rows from one serve thread per worker, all at start-up: none may undo
+    another (each copies the mapping; without taking turns two copies lose one row)."""
+    import sys
+    import threading
+
+    table = ClassThresholds([0.3, 0.3], plain=0.3)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [
+            threading.Thread(
+                target=lambda k=k: [table.set_stream(f"w{k}-s{i}", [0.3, math.inf]) for i in range(300)]
+            )
+            for k in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(table.per_stream) == 8 * 300

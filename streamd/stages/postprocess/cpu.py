@@ -14,6 +14,7 @@ Ties in score keep the lower candidate index first (stable sort), which the CUDA
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ class ClassThresholds:
                 f"ClassThresholds: expected a row of C thresholds, got shape {self.default.shape}"
             )
         self._plain_default = plain is not None and bool(np.all(self.default == np.float32(plain)))
+        self._edit = threading.Lock()  # writers: the shared engine process runs one serve thread per worker
         self.per_stream: dict[str, np.ndarray] = {}
         for sid, row in (per_stream or {}).items():
             self.per_stream[sid] = self._row(sid, row)
@@ -82,13 +84,16 @@ class ClassThresholds:
 
     def set_stream(self, stream_id: str, row: Sequence[float] | None) -> None:
         """Stream ``stream_id``'s row from now on; None: the default row. Replaces the mapping whole, so a
-        batch being looked up meanwhile sees the old rows or the new ones, never a mix in one mapping."""
-        table = dict(self.per_stream)
-        if row is None:
-            table.pop(stream_id, None)
-        else:
-            table[stream_id] = self._row(stream_id, row)
-        self.per_stream = table
+        batch being looked up meanwhile sees the old rows or the new ones, never a mix in one mapping; writers
+        take turns (two copies made at once would each lose the other's row)."""
+        new = None if row is None else self._row(stream_id, row)
+        with self._edit:
+            table = dict(self.per_stream)
+            if new is None:
+                table.pop(stream_id, None)
+            else:
+                table[stream_id] = new
+            self.per_stream = table
 
     @classmethod
     def from_config(cls, config: Any) -> ClassThresholds:
