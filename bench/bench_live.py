@@ -7,7 +7,8 @@ Every figure comes from one run of this script, side by side:
 2. *Ramp*: for each N, one `streamd run` (a real subprocess: supervisor + workers) with N streams of the
    clip, ``realtime: true`` (paced like a camera), ``loop: true``; after READY a warm-up, then a window.
    From the JSONL output and /proc: offered vs delivered fps, drops (frame-index gaps inside the window =
-   frames dropped after decode), p50/p99/max of ``latency_ms.arrival`` (packet in -> result), host CPU ms
+   frames dropped after decode), p50/p99/max of ``latency_ms.arrival`` (packet in -> result) and p50/p99 of
+   each stage of it (``STAGES``: decode, batcher queue, engine, host wait, ...), host CPU ms
    per frame (all streamd processes), RSS and GPU memory per process, and per-stream fairness: the slowest
    stream's fps over its offered fps (*min stream share*) and over its fair share (*min fair share*: the
    offered fps, or delivered / N when the box is past capacity -- max-min fairness with equal demands).
@@ -244,11 +245,20 @@ class Tail:
         return out
 
 
+# where a detected frame's time goes (the lines' latency_ms): decode, decoded -> its batch starts (the
+# worker's batcher and a free ring slot), preprocess, the engine (infer; with engine.shared: "engine", from
+# the engine process's dispatch to its results), waiting for the results on the host, the whole batch
+STAGES = ("decode", "queue", "preprocess", "infer", "engine", "host_wait", "batch")
+
+
 def slim(r: dict) -> dict:
     """What the figures need of a line (a soak keeps ~1 M of them in memory)."""
     lat = r.get("latency_ms") or {}
     out = {"stream": r["stream"], "frame": r["frame"], "time": r["time"],
            "latency_ms": {"arrival": lat.get("arrival", lat.get("total"))}}  # fmt: skip
+    stages = {k: lat[k] for k in STAGES if k in lat}
+    if stages:
+        out["stages"] = stages
     if r.get("predicted"):  # a skipped frame's tracker line (detect_fps + fill_skipped): not a detection
         out["predicted"] = True
     return out
@@ -269,6 +279,12 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
     detected = [r for r in inside if not r.get("predicted")]
     lat = np.array([r["latency_ms"]["arrival"] for r in detected if r["latency_ms"]["arrival"] is not None])
     lat = lat if lat.size else np.array([0.0])
+    stage_p50, stage_p99 = {}, {}
+    for k in STAGES:  # per stage over the detected frames (a stage the lines do not carry is left out)
+        values = np.array([r["stages"][k] for r in detected if k in r.get("stages", {})])
+        if values.size:
+            stage_p50[k] = round(float(np.percentile(values, 50)), 2)
+            stage_p99[k] = round(float(np.percentile(values, 99)), 2)
     counts = [len(per_stream.get(f"cam{i:03d}", [])) for i in range(n)]
     fair = (min(counts) / seconds) / fps if counts else 0.0
     # Max-min fair share with equal demands: each stream's offered fps, or an equal split of what was
@@ -292,6 +308,8 @@ def window_stats(records: list[dict], t0: float, t1: float, n: int, fps: float) 
         "max_stream_share": round((max(counts) / seconds) / fps, 3) if counts and np.isfinite(fps) else None,
         "streams_seen": len(per_stream),
         "detected_fps": round(len(detected) / seconds, 1),
+        "stage_p50_ms": stage_p50,
+        "stage_p99_ms": stage_p99,
     }
 
 

@@ -43,6 +43,12 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     daemon_log = "".join(f.read_text()[-1500:] for f in sorted(out.glob("daemon-*.log")))
     assert row["streams"] == 2 and row["devices"] == [0, 1] and row["delivered_fps"] > 0, (row, daemon_log)
     assert row["exit"] == 0 and row["streams_seen"] == 2
+    # where the time goes, per stage of the detected frames; the CPU stages run infer (no engine process)
+    assert {"decode", "queue", "infer", "batch"} <= set(row["stage_p50_ms"]) and "engine" not in row[
+        "stage_p50_ms"
+    ]
+    assert all(row["stage_p99_ms"][k] >= v >= 0 for k, v in row["stage_p50_ms"].items())
+    assert row["stage_p50_ms"]["batch"] <= row["p99_ms"]  # a part of the packet-to-result time
     assert 0 < row["ready_after_s"] < 300 and "compile_s" not in row  # ONNX Runtime: nothing compiled
     assert results["largest_clean_streams"] == largest_clean(results["ramp"])
     restart = results["restart"]
