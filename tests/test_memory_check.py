@@ -75,9 +75,29 @@ def test_a_config_too_big_for_the_gpu_gets_a_warning(tmp_path) -> None:
     roomy = check_memory(config, totals=lambda: {0: need * 4})
     assert not roomy.warnings and "GPU 0: estimated" in roomy.notes[0]
     tight = check_memory(config, totals=lambda: {0: need * 1.05})
-    assert not tight.warnings and tight.notes[0].endswith("little headroom")
+    assert not tight.warnings and ": little headroom" in tight.notes[0]
     none = check_memory(config, totals=lambda: None)
     assert not none.warnings and "no GPU visible" in none.notes[0]
+
+
+def test_a_config_that_fits_only_with_a_shared_engine_says_so(tmp_path) -> None:
+    """The edge box's fix (README "Sizing a box" items 4, 8): one engine per GPU, not one per worker."""
+    config, _ = _config(tmp_path, 64, "  workers: 4\n  batch_size: 16\n", "  max_batch: 32\n")
+    shared = dataclasses.replace(config, engine=dataclasses.replace(config.engine, shared=True))
+    need, need_shared = estimate(config)[0], estimate(shared)[0]
+    assert need_shared < 0.8 * need  # 5 engines (4 workers and the spare) against one
+    (warning,) = check_memory(config, totals=lambda: {0: need * 0.95}).warnings
+    assert (
+        "will not fit" in warning
+        and f"engine.shared: true (one engine process per GPU) it is estimated at "
+        f"{need_shared / 1024:.1f} GiB"
+        in warning
+    )
+    (warning,) = check_memory(config, totals=lambda: {0: need_shared}).warnings  # not within its headroom
+    assert "engine.shared" not in warning
+    assert not any("engine.shared" in n for n in check_memory(shared, totals=lambda: {0: need}).notes)
+    alone, _ = _config(tmp_path, 8, "  workers: 1\n")  # one worker: sharing saves nothing
+    assert "engine.shared" not in check_memory(alone, totals=lambda: {0: 10.0}).warnings[0]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None, reason="NVML would answer, not the fake")

@@ -11,6 +11,7 @@ sizing aid, not a promise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -235,6 +236,11 @@ def check_memory(
         return report
     report.per_device_mb = estimate(config)
     workers = worker_count(config)
+    shared_mb: dict[int, float] = {}
+    if not config.engine.shared and workers >= 2 and config.engine.type in ("auto", "torch", "tensorrt"):
+        # one engine per GPU instead of one per worker: what the same config would need with engine.shared
+        as_shared = dataclasses.replace(config, engine=dataclasses.replace(config.engine, shared=True))
+        shared_mb = estimate(as_shared)
     for dev, mb in sorted(report.per_device_mb.items()):
         total = sizes.get(dev)
         if total is None:
@@ -244,14 +250,20 @@ def check_memory(
             f"stream(s) over {workers} worker(s) ({_parts(config)} + ≈{CAMERA_MB_1080P:.0f} MiB per 1080p "
             "camera)"
         )
+        fits_shared = ""
+        if dev in shared_mb and shared_mb[dev] <= HEADROOM * total:
+            fits_shared = (
+                f"; with engine.shared: true (one engine process per GPU) it is estimated at "
+                f"{shared_mb[dev] / 1024:.1f} GiB"
+            )
         if mb > total:
             report.warnings.append(
                 f"{text}: will not fit; use fewer streams or workers (pipeline.workers), a smaller "
                 "pipeline.batch_size or model.input_size, pipeline.spare_worker: false, or more GPUs "
-                "(pipeline.devices)"
+                f"(pipeline.devices){fits_shared}"
             )
         elif mb > HEADROOM * total:
-            report.notes.append(f"{text}: little headroom")
+            report.notes.append(f"{text}: little headroom{fits_shared}")
         else:
             report.notes.append(text)
     _note_mps(config, workers, report)
