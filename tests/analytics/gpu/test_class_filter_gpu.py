@@ -124,3 +124,38 @@ def test_real_frames_person_only(ctx, loader, stream) -> None:
         mask = p.class_id == 0
         assert np.array_equal(g.xyxy, p.xyxy[mask]), "person boxes differ from the unfiltered run"
     print(f"person boxes on 8 frames: {sum(len(g) for g in got)} (GPU == CPU, == unfiltered persons)")
+
+
+def test_a_stream_row_set_while_running_switches_the_kernel_to_the_table_and_back(
+    ctx, loader, stream
+) -> None:
+    """A reload changes a stream's classes (``ClassThresholds.set_stream``) while the same postprocessor and
+    results buffers run on: the scalar threshold (table not active), then the table, then the scalar again,
+    each call equal to the CPU twin then (the packed-argument cache is keyed on the table's pointer)."""
+    from streamd.stages.postprocess.cuda import GpuPostprocessor
+
+    layout, batch, n, classes, thr = "yolov8", 4, 3549, 80, 0.25
+    raw = synthetic_output(np.random.default_rng(7), layout, batch, n, classes, positive=0.05)
+    table = ClassThresholds([thr] * classes, plain=thr)
+    spec = PostprocessSpec(layout, classes, thr, 0.45, 100, 1000, thresholds=table)
+    post = GpuPostprocessor(spec, ctx, max_batch=batch, num_anchors=n, dtype="float32", loader=loader)
+    dev = to_device(raw.astype(np.float32), stream)
+    results, host = post.new_results(), post.new_host_results()
+    ids = ["a", "b", "a", "b"]
+    person_only = [thr] + [math.inf] * (classes - 1)
+    try:
+        for step, row in enumerate((None, person_only, None)):
+            table.set_stream("a", row)
+            assert table.active == (row is not None)
+            results.buffer.fill_u8(POISON, stream)
+            post(dev, batch, stream, results, ids)
+            results.download(host, stream, batch)
+            stream.synchronize()
+            got = host.detections(batch)
+            want = CpuPostprocessor(spec)(raw, ids)
+            assert_same(got, want, f"step {step}")
+            if row is not None:
+                assert set(got[0].class_id.tolist()) <= {0} and len(set(got[1].class_id.tolist())) > 1
+    finally:
+        for obj in (post, results, host, dev):
+            obj.close()
