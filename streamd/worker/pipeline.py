@@ -154,6 +154,7 @@ class Pipeline:
         if self.decoder == "nvdec":
             self.latest = LatestFrames(self.config.model.class_names, to_host=nv12_surface_to_bgr)
         for sc in self.streams:
+            self._set_classes(sc)
             self.workers.append(self._stream_worker(sc, self._resume.get(sc.id)))
 
     def _set_classes(self, sc: StreamConfig) -> None:
@@ -164,12 +165,9 @@ class Pipeline:
         model = self.config.model
         self.stages.set_classes(sc.id, None if sc.classes is None else model.thresholds(sc.classes))
 
-    def _stream_worker(
-        self, sc: StreamConfig, resume: Resume | None, classes_later: bool = False
-    ) -> StreamReader:
-        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook;
-        ``classes_later``: the caller sets its class filter (``_set_classes``) once the old one's frames
-        went into batches."""
+    def _stream_worker(self, sc: StreamConfig, resume: Resume | None) -> StreamReader:
+        """A stream's ingest thread (not started), its queue in the batcher and its analytics hook (its class
+        filter is the caller's: ``_set_classes``)."""
         cfg, batcher = self.config, self.batcher
         assert batcher is not None
         options: dict[str, int] = {}
@@ -178,8 +176,6 @@ class Pipeline:
             # batch waiting for a free slot; the decoder must not run out of surfaces before those move on.
             options["pool_size"] = cfg.pipeline.frame_queue + 2 * cfg.pipeline.batch_size + 4
         policy = "latest" if sc.is_live or sc.realtime else "block"
-        if not classes_later:
-            self._set_classes(sc)
         q = batcher.add_stream(sc.id, cfg.pipeline.frame_queue, policy)
         worker = StreamReader(
             sc, q, self.stop.stream_event(), decoder=self.decoder, device=self.device, decoder_options=options
@@ -237,8 +233,7 @@ class Pipeline:
         # The successors' queues join the batcher before the old ones are gone: a worker whose only
         # stream changes must not read as finished in between.
         arriving = [
-            self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id), classes_later=True)
-            for sc in upsert
+            self._stream_worker(sc, positions.get(sc.id) or (resume or {}).get(sc.id)) for sc in upsert
         ]
         for w in leaving:
             q = self._queues.pop(w)
