@@ -17,6 +17,7 @@
 #                                # worker, HOST_N cameras of the 1080p clip, py-spy --gil each (~6 min)
 #   tools/gpu_models.sh ceiling    # bench_engines of CEIL_MODELS (yolov8s rtdetr-l): CEIL_VARIANTS (graphs compile)
 #                                  # at CEIL_B (1 8 32 64) within CEIL_BUDGET_S (540)
+#   tools/gpu_models.sh profile    # tools/kernel_profile.py: where RT-DETR-l's GPU time goes, by kernel family
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (keep-cache = before, baseline = after the start-up
 #                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
@@ -387,6 +388,21 @@ ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by si
             --out "$RES/ceiling-$m" >"$RES/ceiling-$m.txt" 2>&1
         say "ceiling $m rc=$?"; cat "$RES/ceiling-$m/bench_engines.md" >>"$RES/summary.txt" 2>/dev/null \
             || tail -12 "$RES/ceiling-$m.txt" >>"$RES/summary.txt"
+    done
+    ;;
+profile)  # tools/kernel_profile.py: GPU time by kernel family for PROF_MODELS (rtdetr-l) at PROF_B (32),
+    # uncompiled (with the ATen operators) and compiled; no CUDA graphs, so every kernel shows
+    install
+    build ${PROF_MODELS:-rtdetr-l}
+    for m in ${PROF_MODELS:-rtdetr-l}; do
+        f=$(ls "$ZOO"/"$m"-640-dyn*.onnx | head -1)
+        for how in eager compiled; do
+            flag=""; [[ "$how" == compiled ]] && flag=--compile
+            timeout "${PROF_S:-330}" python3 tools/kernel_profile.py --model "$f" --batch "${PROF_B:-32}" $flag \
+                >"$RES/profile-$m-$how.txt" 2>&1
+            say "profile $m $how rc=$?"
+            grep -v "Warning\|warn(" "$RES/profile-$m-$how.txt" | head -${PROF_LINES:-60} >>"$RES/summary.txt"
+        done
     done
     ;;
 memory)  # MEM_VARIANTS (keep-cache baseline) at MEM_N, then YOLOv8s's MEM_VY (baseline) at MEM_NY (16 64);
