@@ -391,12 +391,18 @@ ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by si
     done
     ;;
 profile)  # tools/kernel_profile.py: GPU time by kernel family for PROF_MODELS (rtdetr-l) at PROF_B (32),
-    # uncompiled (with the ATen operators) and compiled; no CUDA graphs, so every kernel shows
+    # uncompiled (with the ATen operators) and compiled (PROF_HOW); no CUDA graphs, so every kernel shows;
+    # PROF_TESTS: GPU tests run beside the zoo build
     install
+    if [[ -n "${PROF_TESTS:-}" ]]; then  # GPU tests beside the zoo build (CPU-bound export)
+        timeout 240 python3 -m pytest -q -p no:cacheprovider $PROF_TESTS >"$RES/gpu-tests.txt" 2>&1 &
+    fi
     build ${PROF_MODELS:-rtdetr-l}
+    wait
+    [[ -n "${PROF_TESTS:-}" ]] && tail -4 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
     for m in ${PROF_MODELS:-rtdetr-l}; do
         f=$(ls "$ZOO"/"$m"-640-dyn*.onnx | head -1)
-        for how in eager compiled; do
+        for how in ${PROF_HOW:-eager compiled}; do
             flag=""; [[ "$how" == compiled ]] && flag=--compile
             timeout "${PROF_S:-330}" python3 tools/kernel_profile.py --model "$f" --batch "${PROF_B:-32}" $flag \
                 >"$RES/profile-$m-$how.txt" 2>&1

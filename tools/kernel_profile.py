@@ -117,6 +117,19 @@ def main() -> int:
             engine._forward(x)
         torch.cuda.synchronize()
     print(kernel_table(prof.key_averages(), args.calls, args.top))
+    if what == "compiled":  # what the compile changed in the output, against the same model uncompiled
+        plain = TorchEngine(
+            args.model,
+            EngineOptions(max_batch=b, precision="fp16", device=0, cuda_graphs=False, input_size=(w, h)),
+        )
+        got, want = engine._forward(x), plain._forward(x)
+        pairs = zip(got, want, strict=True) if isinstance(got, (tuple, list)) else [(got, want)]
+        for k, (a, e) in enumerate(pairs):
+            diff = (a.float() - e.float()).abs()
+            print(
+                f"\noutput {k} {tuple(a.shape)}: max |compiled - uncompiled| {float(diff.max()):.4g}, "
+                f"mean {float(diff.mean()):.3g}, max |uncompiled| {float(e.float().abs().max()):.4g}"
+            )
     if what == "uncompiled":
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as p2:
             for _ in range(args.calls):
