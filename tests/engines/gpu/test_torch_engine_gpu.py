@@ -333,6 +333,15 @@ def test_rtdetr_is_captured_in_cuda_graphs(frames, caplog):
     graphed.close()
 
 
+def _rows_in_order(out: np.ndarray) -> np.ndarray:
+    """Each image's rows (RT-DETR's queries) sorted by every column, rounded to 1e-2: the tiny model's
+    coarse outputs tie (two queries of one score, box size and rank), and which of a tie comes first is
+    the top-k kernel's choice (the H200 run of 5bdc4d3 swapped rows 259 and 260 of one image, nothing else
+    differed); a query that differs still fails."""
+    keys = np.round(out, 2)
+    return np.stack([img[np.lexsort(k.T[::-1])] for img, k in zip(out, keys, strict=True)])
+
+
 def test_rtdetr_with_engine_compile_computes_the_same_in_cuda_graphs(frames, caplog):
     """engine.compile on RT-DETR: as converted, Dynamo cannot trace its run-time shape arithmetic (the
     twelfth session's bench_engines); compiled from the copy whose shapes are Python ints
@@ -351,7 +360,10 @@ def test_rtdetr_with_engine_compile_computes_the_same_in_cuda_graphs(frames, cap
     if not compiled:
         assert any("engine.compile failed" in r.getMessage() for r in caplog.records)
     np.testing.assert_allclose(
-        run_slots(asked, small, batch=4, repeats=2), run_slots(plain, small, batch=4), rtol=1e-3, atol=1e-3
+        _rows_in_order(run_slots(asked, small, batch=4, repeats=2)),
+        _rows_in_order(run_slots(plain, small, batch=4)),
+        rtol=1e-3,
+        atol=1e-3,
     )
     assert asked.cuda_graphs and sum(len(lane.graphs) for lane in asked._lanes) >= 1
     plain.close()
