@@ -35,16 +35,21 @@
 # 195 ms) and 52 full rate (past the engine). Carry .whl-zoo .whl-live .whl-lap and
 # .assets-work/live1080_50.mp4 (the 60-s clip cut to 50 s: `ffmpeg -i live1080.mp4 -t 50 -c copy`, it fits
 # beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4; 63.3 MiB with the tree). A warm machine keeps
-# Inductor's cache: a second compiled RT-DETR row compiles in ~73 s instead of ~175 s. Next, in this order (a
+# Inductor's cache: a second compiled RT-DETR row compiles in ~73 s instead of ~175 s. The eighteenth session
+# (RESULTS "RT-DETR-l's deformable attention off Inductor's gathers"): profile mode, engine 1,920 img/s, 52 clean.
+# Next, in this order (a
 # cold start costs 1-2 min of device time; chain calls, the machine idles out in 30 s):
-#   1. CEIL_MODELS=rtdetr-l CEIL_VARIANTS="compile compile+autotune" CEIL_B="16 32 64" tools/gpu_models.sh
-#        ceiling: Inductor's max_autotune on RT-DETR-l (the torch engine needs ~1.25x for 64 cameras; its
-#        compile time is unknown, may pass the call's 10 min: run it alone)
-#   2. the GPU tests of the class table (tests/analytics/gpu, tests/test_shared_engine.py's GPU twin) on the
-#        tree with Stages.set_classes, and a real systemd with engine.shared on the GPU (tests/service)
-#   3. ROWS_MODELS=yolov8s ROWS="mps:yolov8s 120 --workers 5 --batch 8 --shared --compile --engine-img-s 4736
-#        --warmup 25 --start-timeout 200" rows: compiled YOLOv8s with the shared engine
-#   4. RAMP_WORKERS=5 RAMP_N=120 RAMP_CLIP=$PWD/.assets-work/ramp1080.mp4 tools/gpu_models.sh ramp
+#   1. GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k rtdetr" beside a rows build: the compiled
+#        tiny RT-DETR test with its sorted-rows comparison (db8594c; the eighteenth session ran it on 5bdc4d3,
+#        where a tie of two queries swapped), plus tests/analytics/gpu and tests/test_shared_engine.py
+#   2. RT-DETR-l 56 at full rate with more rows in flight per worker: ROWS="mps:rtdetr-l 56 --workers 3
+#        --batch 8 --shared --compile --pipeline-key ring_slots=6 --engine-img-s 1848 --warmup 30 …" (the
+#        eighteenth session's 56: the engine at 0.909, but each worker's 3 slots x 8 rows over a 41-ms round
+#        trip carry 585 fps against the 560 asked: queue stage p50 112 ms); then 60 the same way
+#   3. RT-DETR-l at detect_fps 10, 144 and 156 (3 x 52) with the faster engine: where decoding stops (168 did
+#        not decode in real time: 4,453 of 5,040 fps)
+#   4. the stem's fused pad + max-pool + concat (1.67 of 17.2 ms, tools/kernel_profile.py): a rewrite to try;
+#        compile+autotune (Inductor max_autotune; compile time unknown, run it alone)
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
