@@ -37,11 +37,10 @@
 # beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4; 63.3 MiB with the tree). A warm machine keeps
 # Inductor's cache: a second compiled RT-DETR row compiles in ~73 s instead of ~175 s. The eighteenth session
 # (RESULTS "RT-DETR-l's deformable attention off Inductor's gathers"): profile mode, engine 1,920 img/s, 52 clean.
-# Next, in this order (a
-# cold start costs 1-2 min of device time; chain calls, the machine idles out in 30 s):
+# Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s):
 #   1. GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k rtdetr" beside a rows build: the compiled
-#        tiny RT-DETR test with its sorted-rows comparison (db8594c; the eighteenth session ran it on 5bdc4d3,
-#        where a tie of two queries swapped), plus tests/analytics/gpu and tests/test_shared_engine.py
+#        tiny RT-DETR test with its permutation-tolerant row comparison (the eighteenth session ran it on
+#        5bdc4d3, where a tie of two queries swapped), plus tests/analytics/gpu and tests/test_shared_engine.py
 #   2. RT-DETR-l 56 at full rate with more rows in flight per worker: ROWS="mps:rtdetr-l 56 --workers 3
 #        --batch 8 --shared --compile --pipeline-key ring_slots=6 --engine-img-s 1848 --warmup 30 …" (the
 #        eighteenth session's 56: the engine at 0.909, but each worker's 3 slots x 8 rows over a 41-ms round
@@ -400,7 +399,7 @@ profile)  # tools/kernel_profile.py: GPU time by kernel family for PROF_MODELS (
     # PROF_TESTS: GPU tests run beside the zoo build
     install
     if [[ -n "${PROF_TESTS:-}" ]]; then  # GPU tests beside the zoo build (CPU-bound export)
-        timeout 240 python3 -m pytest -q -p no:cacheprovider $PROF_TESTS >"$RES/gpu-tests.txt" 2>&1 &
+        timeout "${PROF_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider $PROF_TESTS >"$RES/gpu-tests.txt" 2>&1 &
     fi
     build ${PROF_MODELS:-rtdetr-l}
     wait

@@ -255,7 +255,8 @@ def opaque_grid_sample() -> Any:
     output value, where ATen's kernel takes one sampling point per thread and loops over the channels: in
     compiled RT-DETR-l (batch 32, fp16, H200) the decomposed sampling of the deformable attention took 4.7
     of 20.3 ms per call, ATen's kernel 0.8 ms in the uncompiled model (tools/kernel_profile.py,
-    bench/RESULTS.md). Defined once per process, on first use."""
+    bench/RESULTS.md). Defined once per process, on first use. Inference only: no backward is registered
+    (the engine runs in inference mode), and a graph exported with it names this op."""
     global _OPAQUE_GRID_SAMPLE
     if _OPAQUE_GRID_SAMPLE is None:
         import torch

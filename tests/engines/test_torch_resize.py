@@ -5,6 +5,8 @@ streamd moves Resize to its own converter (``streamd.engines.torch_ops``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -120,7 +122,7 @@ def test_resizes_f_interpolate_computes_itself_match_the_spec(
     assert got.shape == ref.shape and np.abs(got - ref).max() < 1e-5
 
 
-def _aten_ops_under_inductor_decompositions(module, *args) -> set[str]:
+def _aten_ops_under_inductor_decompositions(module, *args) -> tuple[set[str], Any]:
     """The ATen-level ops of ``module`` traced by Dynamo and AOTAutograd with Inductor's decomposition table
     (what Inductor's code generation receives), no code generated."""
     import torch
@@ -171,3 +173,26 @@ def test_grid_sample_reaches_inductor_as_one_op_and_computes_the_same(torch_read
     ops, _ = _aten_ops_under_inductor_decompositions(Plain(), x, grid)
     assert "aten.grid_sampler_2d.default" not in ops and "streamd.grid_sample.default" not in ops
     assert len(ops) > 5, ops  # the decomposition: index arithmetic and gathers
+
+
+def test_the_opaque_grid_samples_shape_function_matches_the_kernel(torch_ready):
+    """What Inductor plans with is the op's fake (shape-only) implementation: its shape, dtype and strides
+    must be the kernel's for every mode, padding and corner convention, also for a channels-last input
+    (the engine's layout) — torch.library.opcheck compares them."""
+    import torch
+
+    from streamd.engines.torch_resize import opaque_grid_sample
+
+    op = opaque_grid_sample()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 9, 11, generator=gen)
+    grid = torch.rand(2, 5, 3, 2, generator=gen) * 2.2 - 1.1
+    for mode in ("bilinear", "nearest", "bicubic"):
+        for padding in ("zeros", "border", "reflection"):
+            for corners in (False, True):
+                for inp in (x, x.contiguous(memory_format=torch.channels_last), x.double()):
+                    torch.library.opcheck(
+                        op,
+                        (inp, grid.to(inp.dtype), mode, padding, corners),
+                        test_utils=("test_schema", "test_faketensor"),
+                    )
