@@ -78,6 +78,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     import torch
+    from engine_probe import per_call_ms  # tools/: the same timing as engine_probe's rows
     from torch.profiler import ProfilerActivity, profile
 
     from streamd.engines import EngineOptions
@@ -101,17 +102,8 @@ def main() -> int:
     if args.compile and engine.compile_failure:
         print(f"compile failed: {engine.compile_failure}")
     x = torch.rand((b, 3, h, w), device="cuda")
-    for _ in range(5):
-        engine._forward(x)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.calls):
-        engine._forward(x)
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.calls
-    print(f"wall per call without graphs: {ms:.3f} ms = {b / ms * 1e3:,.0f} img/s\n")
+    ms = per_call_ms(lambda: engine._forward(x), torch.cuda.current_stream(), torch, args.calls)
+    print(f"GPU ms per call without graphs (median): {ms:.3f} ms = {b / ms * 1e3:,.0f} img/s\n")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.calls):
             engine._forward(x)
@@ -138,7 +130,7 @@ def main() -> int:
         print("\nATen operators by CUDA time (all calls):")
         print(p2.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=50))
         convs = p2.key_averages(group_by_input_shape=True)
-        print("\nConvolutions by input shape (all calls):")
+        print("\nATen operators by input shape (all calls; the convolutions' shapes among them):")
         print(
             convs.table(
                 sort_by="cuda_time_total", row_limit=20, max_name_column_width=30, max_shapes_column_width=90
