@@ -4,7 +4,8 @@
     PYTHONPATH=<wheels> python bench/bench_engines.py [--model M.onnx --input-size W H | --config C.yaml]
         [--batches 1 8 16 32 64] [--precisions fp16 bf16 fp32] [--variants graphs eager lanes2 compile ...]
         (``compile+autotune``: engine.compile with Inductor's ``max_autotune``, Triton GEMM/conv templates
-        benchmarked against cuBLAS/cuDNN at compile; a bench variant only, its compile time is unmeasured)
+        benchmarked against cuBLAS/cuDNN at compile; a bench variant only, its compile time is unmeasured;
+        ``compile+alldyn``: every input dimension symbolic, the compile before the nineteenth session)
         [--seconds 1.0] [--budget-s 240] [--out DIR] [--device cpu]
 
 Without ``--model``/``--config``: the bundled NanoDet, batch 1/8/32/64, fp32 and fp16 eager vs CUDA graphs,
@@ -65,6 +66,7 @@ class Variant:
     compile: bool = False
     extra: dict = field(default_factory=dict)  # EngineOptions overrides (ablations)
     inductor: dict = field(default_factory=dict)  # torch._inductor.config settings while it builds and runs
+    dynamic: str = ""  # torch_compile.DYNAMIC_DIMS while it builds ("" = the engine's default)
 
 
 def inductor_settings(values: dict) -> dict:
@@ -101,6 +103,8 @@ def plan(args: argparse.Namespace) -> list[Variant]:
             out.append(Variant("compile + lanes 2", p, lanes=2, compile=True))
         if "compile+autotune" in want:  # Inductor benchmarks Triton GEMM/conv templates against cuBLAS/cuDNN
             out.append(Variant("compile + max-autotune", p, compile=True, inductor={"max_autotune": True}))
+        if "compile+alldyn" in want:  # the compile before the nineteenth session: every dimension symbolic
+            out.append(Variant("compile, every dim dynamic", p, compile=True, dynamic="all"))
     return out
 
 
@@ -269,6 +273,7 @@ def settings(args: argparse.Namespace) -> tuple[Path, tuple[int, int] | None, tu
 def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
     import torch
 
+    from streamd.engines import torch_compile
     from streamd.engines.options import EngineOptions
     from streamd.engines.torch import TorchEngine
 
@@ -310,6 +315,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
         head = {"variant": v.label, "precision": v.precision, "lanes": v.lanes, "compile": v.compile}
         engine = None
         restore = inductor_settings(v.inductor)  # set back after this variant's rows
+        dims_before = torch_compile.DYNAMIC_DIMS
+        torch_compile.DYNAMIC_DIMS = v.dynamic or dims_before
         try:
             if not on_cpu:
                 torch.cuda.empty_cache()
@@ -344,6 +351,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
             if engine is not None:
                 engine.close()
             inductor_settings(restore)
+            torch_compile.DYNAMIC_DIMS = dims_before
             continue
         first = len(rows)
         for graphs in v.graph_modes if not on_cpu else (False,):
@@ -373,6 +381,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
                 )
         engine.close()
         inductor_settings(restore)
+        torch_compile.DYNAMIC_DIMS = dims_before
         del runner, engine
         gc.collect()
     meta = {
@@ -430,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precisions", nargs="+", default=None, choices=["fp16", "bf16", "fp32"])
     p.add_argument(
         "--variants", nargs="+", default=["eager", "graphs", "lanes2", "compile", "compile+lanes2"],
-        choices=["eager", "graphs", "lanes2", "compile", "compile+lanes2", "compile+autotune"],
+        choices=[
+            "eager", "graphs", "lanes2", "compile", "compile+lanes2", "compile+autotune", "compile+alldyn",
+        ],
         help="with --model/--config: engines per precision (eager and graphs share one engine)",
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per row (back-to-back part)")

@@ -160,14 +160,43 @@ def _squeeze_call(sub: Any, c: list[Any]) -> tuple[Callable[..., Any], list[Any]
     return _squeeze, [_ints(c[0].tolist()) if c and c[0] is not None else []]
 
 
+# Which input dimensions the compiled graph keeps symbolic. "batch": the batch alone; an engine's input size
+# is fixed, so Inductor's kernels index heights, widths and channels with constants. "all" (before the
+# nineteenth session): every dimension symbolic, each kernel's index arithmetic divides by run-time sizes.
+DYNAMIC_DIMS = "batch"
+
+
+class BatchDynamic:
+    """The compiled callable with each call's batch dimension marked dynamic (from 2 up: Dynamo specialises a
+    size-1 dimension), so one graph serves every batch size while the other dimensions stay static."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] >= 2:
+                torch._dynamo.maybe_mark_dynamic(a, 0)  # "maybe": a fixed-batch model may specialise it
+        return self.compiled(*args)
+
+
 def compile_module(module: Any, backend: str = "inductor") -> Any:
     """``module`` (an fx.GraphModule, placed) ready for ``torch.compile``; the compiled callable. The compile
     itself happens at its first call."""
     import torch
 
     frozen = freeze_reshapes(module)
-    log.info("torch engine: compiling with torch.compile (%s); %d reshape(s) made static", backend, frozen)
-    return torch.compile(module, dynamic=True, fullgraph=False, backend=backend)
+    log.info(
+        "torch engine: compiling with torch.compile (%s, %s dynamic); %d reshape(s) made static",
+        backend,
+        DYNAMIC_DIMS,
+        frozen,
+    )
+    if DYNAMIC_DIMS == "all":
+        return torch.compile(module, dynamic=True, fullgraph=False, backend=backend)
+    return BatchDynamic(torch.compile(module, dynamic=None, fullgraph=False, backend=backend))
 
 
 class BatchOfOneAsTwo:

@@ -92,3 +92,35 @@ def test_one_graph_when_the_engine_hands_inference_tensors(torch_ready):
 
     _, why = compile_checked(module, run, [1, 2, 3], backend=backend, one_as_two=True)
     assert why is None and len(graphs) == 1, len(graphs)
+
+
+@pytest.mark.parametrize("dims, static_hw", [("batch", True), ("all", False)])
+def test_only_the_batch_is_symbolic_in_the_compiled_graph(torch_ready, monkeypatch, dims: str, static_hw):
+    """``DYNAMIC_DIMS = "batch"`` (the default): the graph Dynamo hands the backend has a symbolic batch and
+    the input's channels, height and width as constants (Inductor then indexes with constants), and batches
+    2, 3 and 5 share it, the caller marking nothing; "all" (the earlier default, the control) makes the
+    height and width symbolic too."""
+    import torch
+
+    from streamd.engines import torch_compile
+
+    monkeypatch.setattr(torch_compile, "DYNAMIC_DIMS", dims)
+    module, chw = _placed("yolov8s-tiny-160-dyn.onnx", as_on_a_gpu=True)
+    graphs: list = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    _, why = torch_compile.compile_checked(module, _runner(chw, {}), [2, 3, 5], backend=backend)
+    assert why is None and len(graphs) == 1, (why, len(graphs))
+    # the model's input: the tensor placeholder that is not a parameter or buffer (Dynamo's "l_self_...")
+    (shape,) = [
+        n.meta["example_value"].shape
+        for n in graphs[0].graph.nodes
+        if n.op == "placeholder"
+        and not n.name.startswith("l_self_")
+        and isinstance(n.meta.get("example_value"), torch.Tensor)
+    ]
+    assert isinstance(shape[0], torch.SymInt), shape
+    assert all(isinstance(d, int) for d in shape[1:]) == static_hw, shape
