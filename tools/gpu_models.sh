@@ -37,18 +37,18 @@
 # beside lap; CLIP=$PWD/.assets-work/live1080_50.mp4; 63.3 MiB with the tree). A warm machine keeps
 # Inductor's cache: a second compiled RT-DETR row compiles in ~73 s instead of ~175 s. The eighteenth session
 # (RESULTS "RT-DETR-l's deformable attention off Inductor's gathers"): profile mode, engine 1,920 img/s, 52 clean.
+# The nineteenth session (RESULTS "Only the batch symbolic"): engine.compile with only the batch dynamic,
+# 2,010 / 2,118 img/s at b32 / b64 (CEIL_VARIANTS="compile compile+alldyn" side by side), tools/stem_bench.py,
+# 60 clean (3 x 8, --pipeline-key ring_slots=6), 64 every frame at p99 171-252 ms, 168 at detect_fps 10
+# decode-bound (4,555 of 5,040 fps).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s):
-#   1. GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py -k rtdetr" beside a rows build: the compiled
-#        tiny RT-DETR test with its permutation-tolerant row comparison (the eighteenth session ran it on
-#        5bdc4d3, where a tie of two queries swapped), plus tests/analytics/gpu and tests/test_shared_engine.py
-#   2. RT-DETR-l 56 at full rate with more rows in flight per worker: ROWS="mps:rtdetr-l 56 --workers 3
-#        --batch 8 --shared --compile --pipeline-key ring_slots=6 --engine-img-s 1848 --warmup 30 …" (the
-#        eighteenth session's 56: the engine at 0.909, but each worker's 3 slots x 8 rows over a 41-ms round
-#        trip carry 585 fps against the 560 asked: queue stage p50 112 ms); then 60 the same way
-#   3. RT-DETR-l at detect_fps 10, 144 and 156 (3 x 52) with the faster engine: where decoding stops (168 did
-#        not decode in real time: 4,453 of 5,040 fps)
-#   4. the stem's fused pad + max-pool + concat (1.67 of 17.2 ms, tools/kernel_profile.py): a rewrite to try;
-#        compile+autotune (Inductor max_autotune; compile time unknown, run it alone)
+#   1. GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py" beside a rows build: the compiled tests on
+#        52b872d's batch-only dynamic compile (they last ran on b75c3ee)
+#   2. YOLOv8s compiled with the batch-only compile: CEIL_MODELS=yolov8s CEIL_VARIANTS="compile
+#        compile+alldyn", then its live rows (120 under MPS was measured with every dimension symbolic)
+#   3. RT-DETR-l 64: the engine runs at 0.91 of its b64 maximum there; more engine (compile+autotune,
+#        bf16+compile, compile+lanes2: none measured) or 64 with ring_slots 8 / workers 4 x 8 + max_batch 96
+#   4. the next kernels: tools/kernel_profile.py on 52b872d (the profile of the eighteenth session predates it)
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
