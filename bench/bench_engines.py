@@ -315,8 +315,6 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
         head = {"variant": v.label, "precision": v.precision, "lanes": v.lanes, "compile": v.compile}
         engine = None
         restore = inductor_settings(v.inductor)  # set back after this variant's rows
-        dims_before = torch_compile.DYNAMIC_DIMS
-        torch_compile.DYNAMIC_DIMS = v.dynamic or dims_before
         try:
             if not on_cpu:
                 torch.cuda.empty_cache()
@@ -327,7 +325,12 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
                 max_batch=top, precision=v.precision, device="cpu" if on_cpu else 0, cuda_graphs=True,
                 lanes=v.lanes, compile=v.compile, input_size=size, **v.extra,
             )  # fmt: skip
-            engine = TorchEngine(model, options)
+            dims_before = torch_compile.DYNAMIC_DIMS  # read when the engine compiles, in its constructor
+            torch_compile.DYNAMIC_DIMS = v.dynamic or dims_before
+            try:
+                engine = TorchEngine(model, options)
+            finally:
+                torch_compile.DYNAMIC_DIMS = dims_before
             load_s = time.perf_counter() - t0
             build_s[(v.precision, v.compile)] = load_s
             if v.compile and engine.compile_failure:  # it runs uncompiled: its rows must not pass as compiled
@@ -351,7 +354,6 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
             if engine is not None:
                 engine.close()
             inductor_settings(restore)
-            torch_compile.DYNAMIC_DIMS = dims_before
             continue
         first = len(rows)
         for graphs in v.graph_modes if not on_cpu else (False,):
@@ -381,7 +383,6 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
                 )
         engine.close()
         inductor_settings(restore)
-        torch_compile.DYNAMIC_DIMS = dims_before
         del runner, engine
         gc.collect()
     meta = {

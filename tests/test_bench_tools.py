@@ -170,3 +170,16 @@ def test_bench_engines_autotune_variant_sets_inductor_and_sets_it_back() -> None
     assert config.max_autotune is True and before == {"max_autotune": was}
     assert inductor_settings(before) == {"max_autotune": True} and config.max_autotune == was
     assert inductor_settings({}) == {}
+
+
+def test_bench_engines_alldyn_variant_is_the_compile_with_every_dimension_symbolic() -> None:
+    """``compile+alldyn`` (the nineteenth session's side-by-side) asks for torch_compile's "all"; the plain
+    ``compile`` variant leaves the engine's default, "batch"."""
+    from bench.bench_engines import plan
+    from streamd.engines import torch_compile
+
+    args = argparse.Namespace(legacy=False, variants=["compile", "compile+alldyn"], precisions=["fp16"])
+    plain, alldyn = plan(args)
+    assert plain.compile and alldyn.compile
+    assert (plain.dynamic, alldyn.dynamic) == ("", "all")
+    assert torch_compile.DYNAMIC_DIMS == "batch"

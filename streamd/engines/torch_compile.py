@@ -196,6 +196,8 @@ def compile_module(module: Any, backend: str = "inductor") -> Any:
         DYNAMIC_DIMS,
         frozen,
     )
+    if DYNAMIC_DIMS not in ("batch", "all"):
+        raise ValueError(f"torch_compile.DYNAMIC_DIMS is {DYNAMIC_DIMS!r}: 'batch' or 'all'")
     if DYNAMIC_DIMS == "all":
         return torch.compile(module, dynamic=True, fullgraph=False, backend=backend)
     return BatchDynamic(torch.compile(module, dynamic=None, fullgraph=False, backend=backend))

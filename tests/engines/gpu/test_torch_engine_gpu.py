@@ -19,6 +19,7 @@ import pytest
 
 from streamd.engines.options import EngineOptions
 from streamd.gpu.cuda import Stream
+from tests.engines.rows import assert_same_rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -333,22 +334,6 @@ def test_rtdetr_is_captured_in_cuda_graphs(frames, caplog):
     graphed.close()
 
 
-def _assert_same_rows(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> None:
-    """Each image's rows (RT-DETR's queries) equal within tolerance, where rows that differ in place may be
-    a permutation of each other: the tiny model's coarse outputs tie (two queries of one score and box
-    size), and which of a tie comes first is the top-k kernel's choice (the H200 run of 5bdc4d3 swapped rows
-    259 and 260 of one image, nothing else differed). A query whose values differ still fails."""
-    assert got.shape == want.shape
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        close = np.isclose(g, w, rtol=rtol, atol=atol).all(axis=1)
-        bad = np.flatnonzero(~close)
-        free = list(bad)
-        for i in bad:  # each differing row must equal a distinct other differing row of the reference
-            j = next((j for j in free if np.allclose(g[i], w[j], rtol=rtol, atol=atol)), None)
-            assert j is not None, f"image {k} row {i}: {g[i]} is no row of the reference"
-            free.remove(j)
-
-
 def test_rtdetr_with_engine_compile_computes_the_same_in_cuda_graphs(frames, caplog):
     """engine.compile on RT-DETR: as converted, Dynamo cannot trace its run-time shape arithmetic (the
     twelfth session's bench_engines); compiled from the copy whose shapes are Python ints
@@ -366,7 +351,7 @@ def test_rtdetr_with_engine_compile_computes_the_same_in_cuda_graphs(frames, cap
     assert compiled != bool(asked.compile_failure)
     if not compiled:
         assert any("engine.compile failed" in r.getMessage() for r in caplog.records)
-    _assert_same_rows(
+    assert_same_rows(
         run_slots(asked, small, batch=4, repeats=2), run_slots(plain, small, batch=4), rtol=1e-3, atol=1e-3
     )
     assert asked.cuda_graphs and sum(len(lane.graphs) for lane in asked._lanes) >= 1
