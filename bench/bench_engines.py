@@ -5,7 +5,8 @@
         [--batches 1 8 16 32 64] [--precisions fp16 bf16 fp32] [--variants graphs eager lanes2 compile ...]
         (``compile+autotune``: engine.compile with Inductor's ``max_autotune``, Triton GEMM/conv templates
         benchmarked against cuBLAS/cuDNN at compile; a bench variant only, its compile time is unmeasured;
-        ``compile+alldyn``: every input dimension symbolic, the compile before the nineteenth session)
+        ``compile+alldyn``: every input dimension symbolic, the compile before the nineteenth session;
+        ``compile+cdt``: Inductor's ``coordinate_descent_tuning`` of its fused Triton kernels)
         [--seconds 1.0] [--budget-s 240] [--out DIR] [--device cpu]
 
 Without ``--model``/``--config``: the bundled NanoDet, batch 1/8/32/64, fp32 and fp16 eager vs CUDA graphs,
@@ -103,6 +104,9 @@ def plan(args: argparse.Namespace) -> list[Variant]:
             out.append(Variant("compile + lanes 2", p, lanes=2, compile=True))
         if "compile+autotune" in want:  # Inductor benchmarks Triton GEMM/conv templates against cuBLAS/cuDNN
             out.append(Variant("compile + max-autotune", p, compile=True, inductor={"max_autotune": True}))
+        if "compile+cdt" in want:  # Inductor tunes its own Triton kernels' block sizes (not the convolutions)
+            cdt = {"coordinate_descent_tuning": True}
+            out.append(Variant("compile + coordinate descent", p, compile=True, inductor=cdt))
         if "compile+alldyn" in want:  # the compile before the nineteenth session: every dimension symbolic
             out.append(Variant("compile, every dim dynamic", p, compile=True, dynamic="all"))
     return out
@@ -442,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants", nargs="+", default=["eager", "graphs", "lanes2", "compile", "compile+lanes2"],
         choices=[
             "eager", "graphs", "lanes2", "compile", "compile+lanes2", "compile+autotune", "compile+alldyn",
+            "compile+cdt",
         ],
         help="with --model/--config: engines per precision (eager and graphs share one engine)",
     )  # fmt: skip

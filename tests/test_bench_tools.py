@@ -172,14 +172,18 @@ def test_bench_engines_autotune_variant_sets_inductor_and_sets_it_back() -> None
     assert inductor_settings({}) == {}
 
 
-def test_bench_engines_alldyn_variant_is_the_compile_with_every_dimension_symbolic() -> None:
-    """``compile+alldyn`` (the nineteenth session's side-by-side) asks for torch_compile's "all"; the plain
-    ``compile`` variant leaves the engine's default, "batch"."""
+def test_bench_engines_compile_variants_ask_for_their_settings() -> None:
+    """``compile+alldyn`` (the nineteenth session's side-by-side) asks for torch_compile's "all", and
+    ``compile+cdt`` for Inductor's coordinate-descent tuning; the plain ``compile`` variant leaves the
+    engine's default, "batch", and Inductor's settings alone."""
     from bench.bench_engines import plan
     from streamd.engines import torch_compile
 
-    args = argparse.Namespace(legacy=False, variants=["compile", "compile+alldyn"], precisions=["fp16"])
-    plain, alldyn = plan(args)
-    assert plain.compile and alldyn.compile
-    assert (plain.dynamic, alldyn.dynamic) == ("", "all")
+    args = argparse.Namespace(
+        legacy=False, variants=["compile", "compile+cdt", "compile+alldyn"], precisions=["fp16"]
+    )
+    plain, cdt, alldyn = plan(args)
+    assert plain.compile and cdt.compile and alldyn.compile
+    assert (plain.dynamic, cdt.dynamic, alldyn.dynamic) == ("", "", "all")
+    assert cdt.inductor == {"coordinate_descent_tuning": True} and not plain.inductor
     assert torch_compile.DYNAMIC_DIMS == "batch"

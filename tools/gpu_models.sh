@@ -46,8 +46,9 @@
 #        52b872d's batch-only dynamic compile (they last ran on b75c3ee)
 #   2. YOLOv8s compiled with the batch-only compile: CEIL_MODELS=yolov8s CEIL_VARIANTS="compile
 #        compile+alldyn", then its live rows (120 under MPS was measured with every dimension symbolic)
-#   3. RT-DETR-l 64: the engine runs at 0.91 of its b64 maximum there; more engine (compile+autotune,
-#        bf16+compile, compile+lanes2: none measured) or 64 with ring_slots 8 / workers 4 x 8 + max_batch 96
+#   3. RT-DETR-l 64: the engine runs at 0.91 of its b64 maximum there; more engine (CEIL_VARIANTS="compile
+#        compile+cdt compile+lanes2", then compile+autotune alone: its compile time is unknown; bf16+compile)
+#        or 64 with ring_slots 8 / workers 4 x 8 + max_batch 96
 #   4. the next kernels: tools/kernel_profile.py on 52b872d (the profile of the eighteenth session predates it)
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
