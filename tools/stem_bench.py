@@ -15,10 +15,10 @@ events, median) and its three most expensive kernels; every variant's output is 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
+from engine_probe import per_call_ms  # tools/: the same timing as kernel_profile's
 
 
 class Stem(torch.nn.Module):
@@ -41,21 +41,6 @@ class Stem(torch.nn.Module):
         x2 = F.relu(self.stem2b(F.pad(F.relu(self.stem2a(x)), [0, 1, 0, 1])))
         x = torch.cat([self.pool(x), x2], 1)
         return F.relu(self.stem4(F.relu(self.stem3(x))))
-
-
-def gpu_ms(fn, x, calls: int = 50) -> float:
-    for _ in range(5):
-        fn(x)
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(calls):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(x)
-        b.record()
-        pairs.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in pairs)
 
 
 def top_kernels(fn, x, n: int = 3) -> list[str]:
@@ -101,7 +86,8 @@ def main() -> None:
 
             got = run(x)
             diff = (got.float() - want.float()).abs().max().item()
-            print(f"{label}: {gpu_ms(run, x):.3f} ms per call, max |diff| vs uncompiled {diff:.3g}")
+            ms = per_call_ms(lambda run=run: run(x), torch.cuda.current_stream(), torch, 50)
+            print(f"{label}: {ms:.3f} ms per call, max |diff| vs uncompiled {diff:.3g}")
             for line in top_kernels(run, x):
                 print("    " + line)
 
