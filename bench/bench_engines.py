@@ -107,6 +107,11 @@ def plan(args: argparse.Namespace) -> list[Variant]:
         if "compile+cdt" in want:  # Inductor tunes its own Triton kernels' block sizes (not the convolutions)
             cdt = {"coordinate_descent_tuning": True}
             out.append(Variant("compile + coordinate descent", p, compile=True, inductor=cdt))
+        if "compile+1x1mm" in want:  # 1x1 convolutions as matrix products (cuBLAS, bias/activation fusable)
+            mm = {"conv_1x1_as_mm": True}
+            out.append(Variant("compile + 1x1 conv as mm", p, compile=True, inductor=mm))
+        if "compile+freeze" in want:  # weights as constants: Inductor folds and lays them out once
+            out.append(Variant("compile + freezing", p, compile=True, inductor={"freezing": True}))
         if "compile+alldyn" in want:  # the compile before the nineteenth session: every dimension symbolic
             out.append(Variant("compile, every dim dynamic", p, compile=True, dynamic="all"))
     return out
@@ -446,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants", nargs="+", default=["eager", "graphs", "lanes2", "compile", "compile+lanes2"],
         choices=[
             "eager", "graphs", "lanes2", "compile", "compile+lanes2", "compile+autotune", "compile+alldyn",
-            "compile+cdt",
+            "compile+cdt", "compile+1x1mm", "compile+freeze",
         ],
         help="with --model/--config: engines per precision (eager and graphs share one engine)",
     )  # fmt: skip

@@ -187,3 +187,21 @@ def test_bench_engines_compile_variants_ask_for_their_settings() -> None:
     assert (plain.dynamic, cdt.dynamic, alldyn.dynamic) == ("", "", "all")
     assert cdt.inductor == {"coordinate_descent_tuning": True} and not plain.inductor
     assert torch_compile.DYNAMIC_DIMS == "batch"
+
+
+def test_bench_engines_inductor_variants_name_real_inductor_settings() -> None:
+    """Each Inductor-tuned variant sets keys this torch's Inductor has (a renamed key would otherwise make the
+    variant an error row on the GPU box, a device call lost)."""
+    pytest.importorskip("torch")
+    import torch._inductor.config as config
+
+    from bench.bench_engines import plan
+
+    names = ["compile+autotune", "compile+cdt", "compile+1x1mm", "compile+freeze"]
+    args = argparse.Namespace(legacy=False, variants=names, precisions=["fp16"])
+    variants = plan(args)
+    assert len(variants) == len(names)
+    for v in variants:
+        assert v.compile and v.inductor, v.name
+        for key in v.inductor:
+            assert hasattr(config, key), (v.name, key)

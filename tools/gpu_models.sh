@@ -22,7 +22,7 @@
 #                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras (~8 min)
 #
-# Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
+# Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows, ceiling: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
 # --lanes 2" (one live row at the end), BENCH_S, LIVE_BUDGET_S.
 # Env for live rows: TASKSET (cores the daemon is pinned to), ROWS_MODELS (zoo families to build; default
@@ -383,7 +383,12 @@ host)  # a worker's own host cost per frame on the GPU path, with a detector tha
 ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by side in one process each: issue 26
     # point 1's `engine.compile` (never measured before the twelfth session) beside CUDA graphs
     install
-    build ${CEIL_MODELS:-yolov8s rtdetr-l}
+    build ${CEIL_MODELS:-yolov8s rtdetr-l} &
+    if [[ -n "${GPU_TESTS:-}" ]]; then  # GPU tests beside the (CPU-bound) build, before any timing
+        timeout "${GPU_TESTS_S:-240}" python3 -m pytest -v -p no:cacheprovider $GPU_TESTS >"$RES/gpu-tests.txt" 2>&1
+        say "GPU tests rc=$? in $SECONDS s"; tail -8 "$RES/gpu-tests.txt" | tee -a "$RES/summary.txt"
+    fi
+    wait
     for m in ${CEIL_MODELS:-yolov8s rtdetr-l}; do
         f=$(ls "$ZOO"/"$m"-640-dyn*.onnx | head -1)
         left=$(( ${CEIL_BUDGET_S:-540} - SECONDS - 20 ))
