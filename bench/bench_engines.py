@@ -26,8 +26,11 @@ bench's frames and slot buffers) and nvidia-smi's figure for this process before
 rows. Input: real frames of samples/vtest.mp4 preprocessed as the model wants (``--config``'s model section,
 else ``--colour/--mean/--std``), never zeros. The config's engine keys are not read.
 
-``--budget-s``: before each variant, while the estimates of the variants left (build, measured or guessed,
-plus rows) would pass the budget, the slowest of them is skipped (listed as skipped); the first always runs.
+``--budget-s``: before each variant after the first, while the estimates of the variants left (build, measured
+or guessed, plus rows) would pass the budget, the slowest of them is skipped (listed as skipped). The first
+always runs and nothing is skipped before it: until one engine is timed, a compile's cost is only a guess
+(150 s; YOLOv8s compiled in 30 s). The tables are rewritten after every variant, so a run cut short by an
+outer timeout keeps what it measured.
 ``--device cpu``: the torch engine on the host (``infer``; a smoke test of this script, no GPU figures).
 A variant or row that fails is reported as an error row and the run goes on. Writes ``bench_engines.md`` and
 ``bench_engines.json`` to ``--out`` (default: $OUT if set, else the current folder).
@@ -44,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,7 +283,10 @@ def settings(args: argparse.Namespace) -> tuple[Path, tuple[int, int] | None, tu
     return Path(args.model), size, (args.colour, tuple(args.mean), tuple(args.std))  # type: ignore[return-value]
 
 
-def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
+def run_all(
+    args: argparse.Namespace, save: Callable[[list[dict], list[str], dict], object] | None = None
+) -> tuple[list[dict], list[str], dict]:
+    """Every variant's rows, the variants skipped and the run's facts; ``save`` gets them after each one."""
     import torch
 
     from streamd.engines import torch_compile
@@ -290,6 +297,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
     if not on_cpu and not torch.cuda.is_available():
         raise SystemExit("no CUDA device (use --device cpu for a smoke test)")
     model, size, prep = settings(args)
+    meta = run_facts(args, torch, model, size)
     top = max(args.batches)
     frames_cache: dict[tuple[int, int], Any] = {}
     rows: list[dict] = []
@@ -309,7 +317,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
     while todo:
         # Over budget with what is left: skip the slowest variant left (by its estimate), until it fits.
         elapsed = time.monotonic() - t_start
-        while len(todo) > (0 if rows else 1) and elapsed + sum(map(estimate, todo)) > args.budget_s:
+        while rows and todo and elapsed + sum(map(estimate, todo)) > args.budget_s:
             slowest = max(reversed(todo), key=estimate)  # of equals, the later one
             todo.remove(slowest)
             note = (
@@ -394,16 +402,27 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], list[str], dict]:
         inductor_settings(restore)
         del runner, engine
         gc.collect()
+        if save is not None:
+            save(rows, skipped, meta)
+    return rows, skipped, meta
+
+
+def run_facts(args: argparse.Namespace, torch: Any, model: Path, size: Any) -> dict:
     meta = {
         "model": model.name,
         "input": "x".join(map(str, size)) if size else "model's",
         "device": args.device,
     }
-    if not on_cpu:
+    if args.device != "cpu":
         meta["gpu"] = torch.cuda.get_device_properties(0).name
         meta["cudnn"] = torch.backends.cudnn.version()
     meta["torch"] = torch.__version__
-    return rows, skipped, meta
+    meta.update(
+        commit=git_commit(),
+        date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        driver=_driver(),
+    )
+    return meta
 
 
 def markdown(meta: dict, rows: list[dict], skipped: list[str]) -> str:
@@ -472,19 +491,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_s is None:
         args.budget_s = float("inf") if args.legacy else 240.0
 
-    rows, skipped, meta = run_all(args)
-    meta.update(
-        commit=git_commit(),
-        date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        driver=_driver(),
-    )
-    table = markdown(meta, rows, skipped)
-    print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_engines.md").write_text(table)
-    (args.out / "bench_engines.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=2)
-    )
+
+    def save(rows: list[dict], skipped: list[str], meta: dict) -> str:
+        table = markdown(meta, rows, skipped)
+        (args.out / "bench_engines.md").write_text(table)
+        (args.out / "bench_engines.json").write_text(
+            json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=2)
+        )
+        return table
+
+    rows, skipped, meta = run_all(args, save)
+    print(save(rows, skipped, meta))
     return 0
 
 

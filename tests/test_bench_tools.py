@@ -72,6 +72,19 @@ def test_bench_engines_budget_skips_the_slowest_variants(tmp_path) -> None:
     assert "Skipped to stay within --budget-s" in (tmp_path / "out" / "bench_engines.md").read_text()
 
 
+@pytest.mark.usefixtures("torch_ready")
+def test_bench_engines_skips_nothing_on_a_guess_before_the_first_engine(tmp_path) -> None:
+    """Two compile variants guessed at 150 s each would not fit 100 s, but the first one's measured start-up
+    (a second on this CPU, where compile is not applied) is what the second is then estimated at: both run."""
+    model = make_detector(tmp_path / "m.onnx")
+    _, result = _engines(
+        tmp_path, "--model", str(model), "--batches", "1", "--precisions", "fp32", "--budget-s", "100",
+        "--variants", "compile", "compile+alldyn",
+    )  # fmt: skip
+    assert [r["variant"] for r in result["rows"]] == ["compile", "compile, every dim dynamic"]
+    assert not result["skipped"]
+
+
 def test_memory_fit_recovers_per_camera_and_per_worker() -> None:
     rows = [
         {"streams": n, "gpu_processes": p, "gpu_mb_total": 50.0 * n + 1500.0 * p}
