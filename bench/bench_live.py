@@ -67,7 +67,7 @@ def config_text(
     detect_fps: float | None = None,
     fill_skipped: bool = True,
     precision: str | None = None,
-    compile: bool = False,
+    compile: bool = True,
     shared: bool = False,
     lanes: int = 1,
 ) -> str:
@@ -85,13 +85,13 @@ def config_text(
         model_lines += f"  input_size: [{input_size[0]}, {input_size[1]}]\n"
     model_lines += "".join(f"  {k}\n" for k in model_keys)
     precision = precision or ("fp16" if engine != "onnxruntime" else "fp32")
-    engine_lines = f"  type: {engine}\n  precision: {precision}\n  max_batch: 64\n"
-    if compile:
-        engine_lines += "  compile: true\n"
+    lines = {"type": engine, "precision": precision, "max_batch": 64, "compile": str(compile).lower()}
     if shared:  # one engine process per GPU that the decode workers feed (docs/scaling.md)
-        engine_lines += "  shared: true\n"
+        lines["shared"] = "true"
     if lanes != 1:
-        engine_lines += f"  lanes: {lanes}\n"
+        lines["lanes"] = lanes
+    given = {k.partition(":")[0].strip() for k in engine_keys}  # --engine-key 'max_batch: 32' replaces ours
+    engine_lines = "".join(f"  {k}: {v}\n" for k, v in lines.items() if k not in given)
     engine_lines += "".join(f"  {k}\n" for k in engine_keys)
     # "key=value" and "key:value" too: tools/gpu_models.sh splits its ROWS on spaces
     keys = (k if ": " in k else re.sub("[=:]", ": ", k, count=1) for k in pipeline_keys)
@@ -815,7 +815,10 @@ def main() -> int:
         "--precision", default=None, choices=["fp32", "fp16", "bf16", "int8"],
         help="engine.precision (default fp16; onnxruntime fp32)",
     )  # fmt: skip
-    ap.add_argument("--compile", action="store_true", help="engine.compile: true")
+    ap.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True,
+        help="engine.compile (the daemon's default since the twenty-first session: on; --no-compile: off)",
+    )  # fmt: skip
     ap.add_argument("--shared", action="store_true", help="engine.shared: true (one engine process per GPU)")
     ap.add_argument("--p99-ms", type=float, default=50.0, help="p99 limit of the largest clean N")
     ap.add_argument(

@@ -42,9 +42,10 @@ def test_worker_count_is_the_supervisors(tmp_path, monkeypatch, streams: int, wo
 
 def test_estimate_adds_workers_engines_cameras_and_the_spare(tmp_path) -> None:
     config, _ = _config(tmp_path, 4, "  workers: 2\n")
-    # By hand from the documented constants: the clip is 768x576; the model 416x416, fp16, batch 8, 1 lane.
+    # By hand from the documented constants: the clip is 768x576; the model 416x416, fp16, batch 8, 1 lane,
+    # compiled (engine.compile's default): 2,560 MB more per engine.
     file_mb = MODEL.stat().st_size / 2**20
-    engine = file_mb / 2 + (70.0 + 1.4 * file_mb) * (416 * 416 / 1e6) * 8
+    engine = 2560.0 + file_mb / 2 + (70.0 + 1.4 * file_mb) * (416 * 416 / 1e6) * 8
     camera = 60.0 * 768 * 576 / (1920 * 1080)
     worker = 1550.0 + engine + 2 * camera
     got = estimate(config)
@@ -78,6 +79,23 @@ def test_a_config_too_big_for_the_gpu_gets_a_warning(tmp_path) -> None:
     assert not tight.warnings and ": little headroom" in tight.notes[0]
     none = check_memory(config, totals=lambda: None)
     assert not none.warnings and "no GPU visible" in none.notes[0]
+
+
+def test_a_compiled_config_too_big_names_engine_compile_false_as_a_fix(tmp_path) -> None:
+    """engine.compile is on by default and counted at COMPILE_MB per worker's engine: the warning names
+    turning it off, but not where it saves nothing (compile off already, or a shared engine: no
+    COMPILE_MB there)."""
+    compiled, _ = _config(tmp_path, 40, "  workers: 4\n")
+    need = estimate(compiled)[0]
+    (warning,) = check_memory(compiled, totals=lambda: {0: need * 0.8}).warnings
+    assert "engine.compile: false (≈2.5 GiB less per worker" in warning
+    plain, _ = _config(tmp_path, 40, "  workers: 4\n", "  compile: false\n")
+    assert estimate(plain)[0] == pytest.approx(need - 5 * memory.COMPILE_MB)  # 4 workers and the spare
+    (warning,) = check_memory(plain, totals=lambda: {0: estimate(plain)[0] * 0.8}).warnings
+    assert "engine.compile" not in warning
+    shared, _ = _config(tmp_path, 40, "  workers: 4\n", "  shared: true\n")
+    (warning,) = check_memory(shared, totals=lambda: {0: estimate(shared)[0] * 0.8}).warnings
+    assert "engine.compile" not in warning
 
 
 def test_a_config_that_fits_only_with_a_shared_engine_says_so(tmp_path) -> None:
@@ -173,8 +191,8 @@ def test_the_estimate_of_compiled_workers_is_within_20_percent(
 
 
 def test_engine_compile_costs_memory_only_on_the_torch_engine(tmp_path) -> None:
-    plain, _ = _config(tmp_path, 1, "")
-    compiled, _ = _config(tmp_path, 1, "", "  compile: true\n")
+    plain, _ = _config(tmp_path, 1, "", "  compile: false\n")
+    compiled, _ = _config(tmp_path, 1, "")  # the default
     _, path = _config(tmp_path, 1, "", "  compile: true\n")
     path.write_text(path.read_text().replace("type: torch", "type: tensorrt"))
     trt = load_config(path)

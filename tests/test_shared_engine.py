@@ -37,7 +37,7 @@ def _config(path: Path, clip: Path, out: Path, *, shared: bool, engine: str, loo
     )
     path.write_text(
         f"streams:\n{streams}model:\n  path: {MODEL}\n{MODEL_KEYS}"
-        f"engine:\n  type: {engine}\n  shared: {str(shared).lower()}\n  max_batch: 8\n"
+        f"engine:\n  type: {engine}\n  shared: {str(shared).lower()}\n  max_batch: 8\n  compile: false\n"
         "pipeline:\n  workers: 2\n  spare_worker: false\n  batch_size: 4\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )

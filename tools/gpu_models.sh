@@ -41,15 +41,20 @@
 # 2,010 / 2,118 img/s at b32 / b64 (CEIL_VARIANTS="compile compile+alldyn" side by side), tools/stem_bench.py,
 # 60 clean (3 x 8, --pipeline-key ring_slots=6), 64 every frame at p99 171-252 ms, 168 at detect_fps 10
 # decode-bound (4,555 of 5,040 fps).
+# The twentieth session (RESULTS "`engine.compile` on by default"): YOLOv8s compiled 7,186 img/s at b64, 144
+# live clean (6 x 16, shared, MPS), 168 decode-bound; RT-DETR-l 64 at p99 136 ms; cdt, 1x1mm, freezing,
+# max-autotune and lanes 2 give RT-DETR-l's engine nothing. Since then engine.compile defaults to true and
+# bench_live writes `compile: true|false` always (--no-compile for uncompiled rows; the rows of earlier
+# sessions without --compile ran uncompiled).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s):
-#   1. GPU_TESTS="tests/engines/gpu/test_torch_engine_gpu.py" beside a rows build: the compiled tests on
-#        52b872d's batch-only dynamic compile (they last ran on b75c3ee)
-#   2. YOLOv8s compiled with the batch-only compile: CEIL_MODELS=yolov8s CEIL_VARIANTS="compile
-#        compile+alldyn", then its live rows (120 under MPS was measured with every dimension symbolic)
-#   3. RT-DETR-l 64: the engine runs at 0.91 of its b64 maximum there; more engine (CEIL_VARIANTS="compile
-#        compile+cdt compile+lanes2", then compile+autotune alone: its compile time is unknown; bf16+compile)
-#        or 64 with ring_slots 8 / workers 4 x 8 + max_batch 96
-#   4. the next kernels: tools/kernel_profile.py on 52b872d (the profile of the eighteenth session predates it)
+#   1. memory with the default compile: MEM_N=16 MEM_VARIANTS=baseline MEM_NY="16 64" MEM_VY="baseline
+#        uncompiled:engine.compile=false" MEM_SY=420 tools/gpu_models.sh memory — a compiled YOLOv8s worker
+#        with its own engine against uncompiled; then set streamd/checks/memory.py's COMPILE_MB from it
+#   2. the GPU tests at the new default (tests/pipeline/gpu, tests/engines/gpu, tests/analytics/gpu) and
+#        tools/gpu_session.sh service: a compiled first start under the unit's sandbox (Inductor's
+#        subprocess compile workers and gcc under the syscall filter are not yet seen there)
+#   3. RT-DETR-l 64: engine.max_batch 32 / 48 on the shared engine (--engine-key 'max_batch: 32'): shorter
+#        engine cycles at 0.95 of the batch-32 rate
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy

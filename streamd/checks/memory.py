@@ -48,7 +48,9 @@ ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # the *uncompiled* estimate within 5 %, so this constant overestimates them by ~50 %. Those rows ran after the
 # fourteenth session's fix of a second, whole-graph compile at the first pipeline call (a dispatch-key guard),
 # which may have been YOLOv8s's 2.5 GB; until a compiled YOLOv8s worker is measured again the constant stays
-# (an estimate too high warns early; one too low lets a config run out of memory at start).
+# (an estimate too high warns early; one too low lets a config run out of memory at start). engine.compile is
+# on by default since the twenty-first session, so every torch engine per worker counts it; the warning names
+# engine.compile: false as a fix.
 COMPILE_MB = 2560.0
 # engine.shared: a decode worker (CUDA context, NVDEC, the preprocess kernel, its slots' rows; no engine). The
 # sixteenth session's RT-DETR-l rows (bench/RESULTS.md "One engine process per GPU"): 1,798 MB at 15 cameras,
@@ -156,9 +158,15 @@ def engine_mb(config: Config) -> float:
     except OSError:  # check --no-model: the file may not be here
         file_mb = 0.0
     bits16 = e.precision in ("fp16", "bf16", "int8")
-    compiled = COMPILE_MB if e.compile and e.type in ("auto", "torch") else 0.0
+    compiled = COMPILE_MB if _compiled_per_worker(config) else 0.0
     batch = max(config.pipeline.batch_size, 1)
     return compiled + engine_mb_for(file_mb, m.input_size, batch, e.lanes, bits16)
+
+
+def _compiled_per_worker(config: Config) -> bool:
+    """Whether COMPILE_MB applies: engine.compile (the default) on the torch engine (auto may pick it)."""
+    e = config.engine
+    return e.compile and e.type in ("auto", "torch")
 
 
 def engine_mb_for(
@@ -257,10 +265,16 @@ def check_memory(
                 f"{shared_mb[dev] / 1024:.1f} GiB"
             )
         if mb > total:
+            uncompiled = ""
+            if _compiled_per_worker(config) and not config.engine.shared:
+                uncompiled = (
+                    f", engine.compile: false (≈{COMPILE_MB / 1024:.1f} GiB less per worker, about half the "
+                    "img/s)"
+                )
             report.warnings.append(
                 f"{text}: will not fit; use fewer streams or workers (pipeline.workers), a smaller "
                 "pipeline.batch_size or model.input_size, pipeline.spare_worker: false, or more GPUs "
-                f"(pipeline.devices){fits_shared}"
+                f"(pipeline.devices){uncompiled}{fits_shared}"
             )
         elif mb > HEADROOM * total:
             report.notes.append(f"{text}: little headroom{fits_shared}")

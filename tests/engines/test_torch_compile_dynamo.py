@@ -45,7 +45,8 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
     took 43 s here instead of 5; YOLO26's constant Expand failed the trace); a batch of one runs through the
     same graph as two (BatchOfOneAsTwo: no second, specialised compile); and compile_checked's compiled
     module (Dynamo with a backend that runs the traced graphs as they are) computes what the uncompiled one
-    does — exactly at batches 2 and 3, within float rounding at batch 1 (its row computed in a batch of 2)."""
+    does — exactly at batches 2 and 3, within float rounding at batch 1 (its row computed in a batch of 2;
+    tied RT-DETR queries may swap places there)."""
     import torch
 
     from streamd.engines.torch_compile import compile_checked
@@ -69,7 +70,9 @@ def test_dynamo_traces_the_model_in_one_graph_with_the_batch_dynamic(torch_ready
     for batch in (2, 3):
         torch.testing.assert_close(compiled_out[batch], plain[batch], rtol=0, atol=0)
     assert compiled_out[1].shape == plain[1].shape
-    torch.testing.assert_close(compiled_out[1], plain[1], rtol=1e-3, atol=1e-3)
+    # RT-DETR's tied queries may rank the other way round within a batch of two (torch 2.13 CPU, onnxslim
+    # 0.1.98: two rows swapped): rows equal up to such a permutation
+    assert_same_rows(compiled_out[1].numpy(), plain[1].numpy(), rtol=1e-3, atol=1e-3)
 
 
 def test_one_graph_when_the_engine_hands_inference_tensors(torch_ready):

@@ -115,7 +115,7 @@ def test_daemon_on_gpu_with_analytics(tmp_path) -> None:
         f"streams:\n  - id: demo\n    url: {CLIP}\n    detect_fps: 5\n    classes: [person]\n"
         "    zones:\n      - name: left\n        polygon: [[0, 0], [384, 0], [384, 576], [0, 576]]\n"
         f"model:\n  path: {ROOT}/models/nanodet-coco.onnx\n  score_threshold: 0.35\n  iou_threshold: 0.5\n"
-        "engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n"
+        "engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n  compile: false\n"
         "pipeline:\n  batch_size: 16\n  ring_slots: 4\n"
         "tracking:\n  enabled: true\n  fill_skipped: true\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"

@@ -46,7 +46,7 @@ def gpu_run(tmp_path, precision: str) -> dict[tuple[str, int], dict]:
     cfg = tmp_path / f"gpu-{precision}.yaml"
     cfg.write_text(
         f"streams:\n  - id: h264\n    url: {CLIP}\n  - id: hevc\n    url: {CLIP_HEVC}\n{NANODET_MODEL}"
-        f"engine:\n  type: torch\n  precision: {precision}\n  max_batch: 16\n  lanes: 2\n"
+        f"engine:\n  type: torch\n  precision: {precision}\n  max_batch: 16\n  lanes: 2\n  compile: false\n"
         f"pipeline:\n  batch_size: 16\n  ring_slots: 4\nsinks:\n  - type: jsonl\n    path: {out}\n"
     )
     proc = run_streamd("run", str(cfg), "--no-status", timeout=600)

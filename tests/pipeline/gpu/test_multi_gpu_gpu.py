@@ -88,6 +88,7 @@ def test_workers_spread_over_two_gpus(tmp_path) -> None:
     )
     cfg.write_text(
         f"streams:\n{streams}{NANODET_MODEL}engine:\n  type: torch\n  precision: fp32\n  max_batch: 16\n"
+        "  compile: false\n"
         "pipeline:\n  batch_size: 16\n  workers: 2\n  devices: [0, 1]\n  spare_worker: false\n"
         f"sinks:\n  - type: jsonl\n    path: {out}\n"
     )

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None, re
 
 def test_reloads_never_pause_the_untouched_streams_on_the_gpu(tmp_path, assets) -> None:
     settings = (
-        "engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n"
+        "engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n  compile: false\n"
         "pipeline:\n  workers: 2\n  batch_size: 16\n  spare_worker: false\n"
     )
     run_reloads(tmp_path, untouched=16, settings=settings)

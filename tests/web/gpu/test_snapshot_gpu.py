@@ -44,7 +44,7 @@ def test_nvdec_snapshot_is_copied_on_request_and_shows_boxes(tmp_path) -> None:
     cfg = tmp_path / "gpu-web.yaml"
     cfg.write_text(
         f"streams:\n  - id: demo\n    url: {CLIP}\n    realtime: true\n    loop: true\n{NANODET_MODEL}"
-        "engine:\n  type: torch\npipeline:\n  decoder: nvdec\n"
+        "engine:\n  type: torch\n  compile: false\npipeline:\n  decoder: nvdec\n"
         f"sinks:\n  - type: jsonl\n    path: {tmp_path / 'o.jsonl'}\n"
         f"metrics:\n  enabled: true\n  port: {port}\n"
     )
