@@ -147,6 +147,10 @@ def _check(path: str, model: bool) -> int:
             print(f"streamd: note: {note}", file=sys.stderr)
         for warning in memory.warnings:
             print(f"streamd: warning: {warning}", file=sys.stderr)
+        from streamd.checks.toolchain import compile_warning
+
+        if uncompiled := compile_warning(config):
+            print(f"streamd: warning: {uncompiled}", file=sys.stderr)
     print(f"streamd: {config.source}: OK ({len(config.streams)} stream(s){summary})", file=sys.stderr)
     return EX_OK
 

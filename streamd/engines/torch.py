@@ -223,9 +223,14 @@ class TorchEngine:
     def _compile(self, probe: Any, max_batch: int) -> None:
         """``engine.compile``: compiled at start-up on probe batches (1 and 2, or the fixed batch) rather than
         in a pipeline slot's first call; a model Dynamo cannot trace runs uncompiled, with a warning."""
+        from streamd.engines.compile_toolchain import toolchain_problem
         from streamd.engines.progress import keep_alive
         from streamd.engines.torch_compile import compile_checked
 
+        if problem := toolchain_problem():  # else it would fail only after Dynamo's trace, minutes in
+            self.compile_failure = problem
+            log.warning("torch engine: engine.compile skipped: %s; it runs uncompiled", problem)
+            return
         torch = self._torch
 
         def run(module: Any, batch: int) -> None:
