@@ -28,9 +28,9 @@ else ``--colour/--mean/--std``), never zeros. The config's engine keys are not r
 
 ``--budget-s``: before each variant after the first, while the estimates of the variants left (build, measured
 or guessed, plus rows) would pass the budget, the slowest of them is skipped (listed as skipped). The first
-always runs and nothing is skipped before it: until one engine is timed, a compile's cost is only a guess
-(150 s; YOLOv8s compiled in 30 s). The tables are rewritten after every variant, so a run cut short by an
-outer timeout keeps what it measured.
+always runs and nothing is skipped before an engine is built: until one is timed, a compile's cost is only
+a guess (150 s; YOLOv8s compiled in 30 s). The tables are rewritten after every variant, so a run cut short
+by an outer timeout keeps what it measured.
 ``--device cpu``: the torch engine on the host (``infer``; a smoke test of this script, no GPU figures).
 A variant or row that fails is reported as an error row and the run goes on. Writes ``bench_engines.md`` and
 ``bench_engines.json`` to ``--out`` (default: $OUT if set, else the current folder).
@@ -317,7 +317,7 @@ def run_all(
     while todo:
         # Over budget with what is left: skip the slowest variant left (by its estimate), until it fits.
         elapsed = time.monotonic() - t_start
-        while rows and todo and elapsed + sum(map(estimate, todo)) > args.budget_s:
+        while build_s and todo and elapsed + sum(map(estimate, todo)) > args.budget_s:
             slowest = max(reversed(todo), key=estimate)  # of equals, the later one
             todo.remove(slowest)
             note = (
@@ -371,6 +371,8 @@ def run_all(
             if engine is not None:
                 engine.close()
             inductor_settings(restore)
+            if save is not None:
+                save(rows, skipped, meta)
             continue
         first = len(rows)
         for graphs in v.graph_modes if not on_cpu else (False,):

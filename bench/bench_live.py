@@ -465,13 +465,16 @@ def live_run(
 
 def compile_times(log: list[str]) -> dict[str, list[float]]:
     """``engine.compile``'s start-up cost per worker, from the daemon's log: seconds of each compile, and of
-    each that failed (the model then ran uncompiled); empty when nothing was compiled."""
+    each that failed (the model then ran uncompiled), 0 for each skipped (no C compiler or Python.h on the
+    host); empty when nothing was compiled."""
     times: dict[str, list[float]] = {}
     for line in log:
         if m := re.search(r"torch engine: compiled in ([\d.]+) s", line):
             times.setdefault("compiled", []).append(float(m.group(1)))
         elif m := re.search(r"engine\.compile failed for this model after ([\d.]+) s", line):
             times.setdefault("failed", []).append(float(m.group(1)))
+        elif "torch engine: engine.compile skipped:" in line:
+            times.setdefault("skipped", []).append(0.0)
     return times
 
 
@@ -789,7 +792,8 @@ def main() -> int:
     ap.add_argument(
         "--engine-key", action="append", default=[], metavar="'KEY: VALUE'",
         help="an extra engine: line, e.g. 'verify: false' for a model with random weights whose fp16 "
-        "detections differ from fp32 (its cost is what is measured) (repeatable)",
+        "detections differ from fp32 (its cost is what is measured), or 'max_batch: 32' (a key given here "
+        "replaces bench_live's own) (repeatable)",
     )  # fmt: skip
     ap.add_argument(
         "--pipeline-key", action="append", default=[], metavar="'KEY: VALUE'",

@@ -16,7 +16,9 @@ per worker** (what is left at N = 0, over the processes holding GPU memory, spar
 
 Variants cut what may be waste; a variant is a name plus settings, each either an environment variable of the
 daemon (UPPER_CASE=value) or a config key (``section.key=value``, YAML value):
-- ``baseline``: the config as generated;
+- ``baseline``: the config as generated (the daemon's defaults: ``engine.compile`` on since the
+  twenty-first session; rows before it ran uncompiled);
+- ``uncompiled``: engine.compile=false (baseline before the twenty-first session);
 - ``expandable``: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the caching allocator maps what it uses
   instead of reserving whole segments);
 - ``cudnn-ws``: CUDNN_CONV_WSCAP_DBG=256 (cuDNN picks convolution algorithms within a 256 MiB workspace)
@@ -72,6 +74,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     "keep-cache": {"STREAMD_KEEP_ALLOCATOR_CACHE": "1"},
     "shared": {"engine.shared": "true"},
+    "uncompiled": {"engine.compile": "false"},
 }
 ENGINE_PID = re.compile(r"engine process (?:ready|back) on device \d+ \(pid (\d+)\)")
 

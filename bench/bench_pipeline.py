@@ -55,6 +55,7 @@ def run(clips: list[Path], engine: str, decoder: str, batch: int, out: Path) -> 
             "type": engine,
             "precision": "fp16" if engine != "onnxruntime" else "fp32",
             "max_batch": 64,
+            "compile": False,  # as its rows were measured (README's table); compile's are bench_engines'
         },
         "pipeline": {"batch_size": batch, "ring_slots": 4, "frame_queue": 8, "decoder": decoder},
         "sinks": [{"type": "jsonl", "path": str(out), "queue_size": 65536}],

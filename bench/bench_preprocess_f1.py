@@ -76,7 +76,7 @@ def run(
     engine = (
         "engine:\n  type: onnxruntime\n  max_batch: 4\npipeline:\n  batch_size: 4\n  decoder: cpu\n"
         if side == "cpu"
-        else f"engine:\n  type: torch\n  precision: {precision}\n  max_batch: 16\n"
+        else f"engine:\n  type: torch\n  precision: {precision}\n  max_batch: 16\n  compile: false\n"
         "pipeline:\n  batch_size: 16\n  decoder: nvdec\n"
     )
     cfg.write_text(

@@ -100,5 +100,9 @@ def test_compile_times_come_from_the_engines_log_lines() -> None:
         "for this model after 131.5 s (InternalTorchDynamoError: …); it runs uncompiled\n",
         "2026-12-02 12:35:11,000 INFO streamd.supervisor: streamd: ready: engine torch-cuda-fp16\n",
     ]
-    assert compile_times(log) == {"compiled": [88.2, 88.9], "failed": [131.5]}
+    skipped = (
+        "2026-12-06 23:40:00,000 WARNING worker2 streamd.engines.torch: torch engine: "
+        "engine.compile skipped: no C compiler (gcc/clang): …; it runs uncompiled\n"
+    )
+    assert compile_times([*log, skipped]) == {"compiled": [88.2, 88.9], "failed": [131.5], "skipped": [0.0]}
     assert compile_times(log[-1:]) == {}

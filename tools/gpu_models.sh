@@ -48,7 +48,7 @@
 # sessions without --compile ran uncompiled).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s):
 #   1. memory with the default compile: MEM_N=16 MEM_VARIANTS=baseline MEM_NY="16 64" MEM_VY="baseline
-#        uncompiled:engine.compile=false" MEM_SY=420 tools/gpu_models.sh memory — a compiled YOLOv8s worker
+#        uncompiled" MEM_SY=420 tools/gpu_models.sh memory — a compiled YOLOv8s worker
 #        with its own engine against uncompiled; then set streamd/checks/memory.py's COMPILE_MB from it
 #   2. the GPU tests at the new default (tests/pipeline/gpu, tests/engines/gpu, tests/analytics/gpu) and
 #        tools/gpu_session.sh service: a compiled first start under the unit's sandbox (Inductor's

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The GPU calls of one session, each sized for one `device run` call (< 600 s), results under $OUT.
+# Since the twenty-first session engine.compile is on by default: the bench_live rows below run compiled
+# (a first start compiles in every worker; add --no-compile to a row to reproduce an earlier session's), and
+# the service sandbox compiles under the filter (SANDBOX_COMPILE=false: as before).
 #
 #   tools/gpu_session.sh live               # bench_live: ceilings, 1 stream, 120, 260 (past what 175 showed),
 #                                           # kill -9 (spare), pipelined (~9 min)
@@ -184,14 +187,16 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
                 echo "streams:"
                 for k in $(seq 0 15); do printf '  - id: cam%02d\n    url: %s\n    realtime: true\n    loop: true\n' "$k" "$CLIP"; done
                 printf 'model:\n  path: %s/models/nanodet-coco.onnx\n  input_size: [416, 416]\n' "$REPO"
-                printf 'engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n'
+                printf 'engine:\n  type: torch\n  precision: fp16\n  max_batch: 16\n  compile: %s\n' "${SANDBOX_COMPILE:-true}"
                 printf 'pipeline:\n  workers: 2\n  batch_size: 16\n'
                 printf 'metrics:\n  enabled: true\n  port: 9108\n'
                 printf 'sinks:\n  - type: jsonl\n    path: %s\n' "$out"
             } >"$cfg"
             flag=(); [[ $mode == errno ]] && flag=(--errno)
-            # READY comes after the engine build (~20 s); 100 s leaves >= 60 s of running after it
-            timeout 150 python3 tools/seccomp_run.py "${flag[@]}" --check-devices --duration 100 \
+            # READY comes after the engine build (~20 s; + NanoDet's compile, ~55 s on a cold Inductor cache,
+            # the default since the twenty-first session, its Triton launchers built with gcc under the
+            # filter): 160 s leaves >= 60 s of running after it
+            timeout 220 python3 tools/seccomp_run.py "${flag[@]}" --check-devices --duration "${SANDBOX_S:-160}" \
                 --report "$work/sandbox-$mode.json" -- python3 -m streamd run "$cfg" --no-status \
                 >"$work/sandbox-$mode.log" 2>&1
             echo "sandbox $mode: exit $?" | tee -a "$OUT/service.txt"

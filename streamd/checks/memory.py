@@ -164,9 +164,11 @@ def engine_mb(config: Config) -> float:
 
 
 def _compiled_per_worker(config: Config) -> bool:
-    """Whether COMPILE_MB applies: engine.compile (the default) on the torch engine (auto may pick it)."""
-    e = config.engine
-    return e.compile and e.type in ("auto", "torch")
+    """Whether COMPILE_MB applies: the torch engine compiled (engine.compile, the default; under auto only
+    where TensorRT is not installed: ``checks.toolchain.torch_would_compile``)."""
+    from streamd.checks.toolchain import torch_would_compile
+
+    return torch_would_compile(config)
 
 
 def engine_mb_for(

@@ -103,3 +103,34 @@ def test_check_warns_only_where_the_torch_engine_would_compile_on_a_gpu(tmp_path
     assert compile_warning(torch_gpu, gpu=False) is None  # the CPU torch engine does not compile
     assert compile_warning(config("  type: torch\n  compile: false\n"), gpu=True) is None
     assert compile_warning(config("  type: onnxruntime\n"), gpu=True) is None
+
+
+def test_auto_compiles_only_where_it_would_take_the_torch_engine(tmp_path: Path, monkeypatch) -> None:
+    """engine.type auto takes TensorRT where it is installed and ONNX Runtime where torch is not: the check's
+    warning and the memory estimate's COMPILE_MB follow the backend auto would take, not the bare key."""
+    from streamd.checks import memory
+    from streamd.checks.toolchain import compile_warning, torch_would_compile
+    from streamd.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"streams:\n  - id: a\n    url: {root / 'samples' / 'vtest.mp4'}\n"
+        f"model:\n  path: {root / 'models' / 'nanodet-coco.onnx'}\nengine:\n  type: auto\n"
+    )
+    auto = load_config(path, model_file=False)
+
+    def only(*names: str):
+        return lambda name: name in names
+
+    assert torch_would_compile(auto, only("torch"))
+    assert not torch_would_compile(auto, only("torch", "tensorrt"))  # TensorRT first
+    assert not torch_would_compile(auto, only())  # ONNX Runtime
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert compile_warning(auto, gpu=True, importable=only("torch")) is not None
+    assert compile_warning(auto, gpu=True, importable=only("torch", "tensorrt")) is None
+    monkeypatch.setattr("streamd.checks.toolchain._importable", only("torch", "tensorrt"))  # the estimate's
+    with_trt = memory.engine_mb(auto)
+    monkeypatch.setattr("streamd.checks.toolchain._importable", only("torch"))
+    assert memory.engine_mb(auto) == pytest.approx(with_trt + memory.COMPILE_MB)
