@@ -139,6 +139,24 @@ def test_the_engine_runs_the_queue_prefix_that_fills_its_batch_size_best():
     assert fullest_prefix([16, 16, 16, 16], [1, 2, 4, 8, 16, 32, 48, 64]) == 4  # other sizes: 64 full
 
 
+def test_batch_step_lets_a_merged_batch_run_as_it_is():
+    """engine.batch_step: the sizes the engine runs (``batch_buckets``) are the powers of two as before, plus
+    every multiple of the step; the queue of seven worker batches of 8 then runs whole (56 rows as 56), where
+    the powers alone cut it to 32."""
+    from streamd.stages.cuda import batch_buckets
+
+    pow2 = batch_buckets(64)
+    assert pow2 == [2**k for k in range(7)]  # the default: what the engine ran before the key
+    stepped = batch_buckets(64, step=8)
+    assert set(pow2) <= set(stepped) and {8 * k for k in range(1, 9)} <= set(stepped)
+    assert stepped == sorted(set(stepped)) and max(stepped) == 64 and len(stepped) == 11
+    assert fullest_prefix([8] * 7, pow2) == 4 and fullest_prefix([8] * 7, stepped) == 7
+    assert max(batch_buckets(48, step=8)) == 48 and 40 in batch_buckets(48, step=8)
+    # a model whose batch is fixed at 4 runs whole multiples of 4: a step of 6 becomes 8
+    fixed = batch_buckets(64, unit=4, step=6)
+    assert all(b % 4 == 0 for b in fixed) and 24 in fixed and 12 not in fixed
+
+
 def test_results_travel_as_padded_arrays():
     dets = [
         Detections(np.array([[1, 2, 3, 4]], np.float32), np.array([0.5], np.float32), np.array([7])),

@@ -53,8 +53,9 @@
 #   2. the GPU tests at the new default (tests/pipeline/gpu, tests/engines/gpu, tests/analytics/gpu) and
 #        tools/gpu_session.sh service: a compiled first start under the unit's sandbox (Inductor's
 #        subprocess compile workers and gcc under the syscall filter are not yet seen there)
-#   3. RT-DETR-l 64: engine.max_batch 32 / 48 on the shared engine (--engine-key 'max_batch: 32'): shorter
-#        engine cycles at 0.95 of the batch-32 rate
+#   3. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS): --engine-key 'batch_step: 8' (new: the engine runs a
+#        merged 40-56 rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine
+#        at 0.951 of its batch-32 rate, p99 136 ms), then engine.max_batch 48 (--engine-key 'max_batch: 48')
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy

@@ -23,6 +23,15 @@ class EngineConfig:
         "tensorrt and a Q/DQ model",
     )
     max_batch: int = opt(8, "largest batch the engine is built for (TensorRT profile max)", ge=1, le=256)
+    batch_step: int = opt(
+        0,
+        "GPU engines: also run (and capture CUDA graphs at) every multiple of this batch size, not only "
+        "powers of two; for engine.shared, the workers' pipeline.batch_size: a merged batch of 40-56 rows "
+        "then runs as it is instead of as 64 or cut to 32",
+        ge=0,
+        le=256,
+        note="0 = powers of two only",
+    )
     device: int = opt(0, "CUDA device index", ge=0)
     cache_dir: Path = opt(  # noqa: RUF009 (opt() is a dataclasses.field)
         DEFAULT_CACHE_DIR,

@@ -61,7 +61,7 @@ def build_stages(config: Config, device: int | None = None, *, warm_batch: int |
             from streamd.stages.cuda import GpuStages
 
             warm = config.pipeline.batch_size if warm_batch is None else warm_batch
-            return GpuStages(engine, pre, post, device=device, warm_batch=warm)
+            return GpuStages(engine, pre, post, device=device, warm_batch=warm, batch_step=e.batch_step)
         return CpuStages(engine, pre, post)
     except BaseException:
         engine.close()

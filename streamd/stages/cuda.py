@@ -52,12 +52,31 @@ class _GpuBuffers:
     staging: Staging = field(default_factory=Staging)  # uploads of CPU-decoded frames
 
 
+def batch_buckets(top: int, unit: int = 1, step: int = 0) -> list[int]:
+    """The batch sizes the engine runs, up to ``top``: ``unit`` (a model's fixed batch, else 1) times powers
+    of two, and with ``step`` (engine.batch_step) every multiple of ``step`` too. A partial batch runs at the
+    next size up. Powers alone leave a merged batch of 40-56 rows (the shared engine) to run as 64 or be cut
+    to 32 (``shared_engine.server.fullest_prefix``); multiples of the workers' batch run it as it is."""
+    sizes = {min(unit << k, top) for k in range(top.bit_length() + 1)}
+    if step > 0:
+        step = -(-step // unit) * unit  # a fixed-batch model runs whole multiples of its batch
+        sizes |= set(range(step, top + 1, step)) | {top}
+    return sorted(sizes)
+
+
 class GpuStages:
     def __init__(
-        self, engine: Engine, pre: PreprocessSpec, post: PostprocessSpec, device: int = 0, warm_batch: int = 0
+        self,
+        engine: Engine,
+        pre: PreprocessSpec,
+        post: PostprocessSpec,
+        device: int = 0,
+        warm_batch: int = 0,
+        batch_step: int = 0,
     ) -> None:
         """``warm_batch``: the pipeline's batch size; every engine batch size up to it is run once per slot
-        when the slot is made, so CUDA graph capture and cuDNN autotuning happen before the first frame."""
+        when the slot is made, so CUDA graph capture and cuDNN autotuning happen before the first frame.
+        ``batch_step``: engine.batch_step (``batch_buckets``)."""
         if not engine.on_device:
             raise ValueError(f"GpuStages needs a GPU engine, got {engine.name}")
         self.engine = engine
@@ -97,7 +116,7 @@ class GpuStages:
         unit = int(getattr(engine, "pinned_batch", 1))
         top = min(warm_batch or self.max_batch, self.max_batch)
         top = min(-(-top // unit) * unit, self.max_batch)
-        self.buckets = sorted({min(unit << k, top) for k in range(top.bit_length() + 1)})
+        self.buckets = batch_buckets(top, unit, batch_step)
         self._warm = warm_batch > 0
 
     def new_slot(self, index: int) -> Slot:
