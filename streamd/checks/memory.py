@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamd.checks.toolchain import torch_would_compile
 from streamd.config import Config, StreamConfig
 
 # One worker process with nothing but its CUDA context, torch, the kernels and a small engine: the 14:37 row
@@ -158,17 +159,9 @@ def engine_mb(config: Config) -> float:
     except OSError:  # check --no-model: the file may not be here
         file_mb = 0.0
     bits16 = e.precision in ("fp16", "bf16", "int8")
-    compiled = COMPILE_MB if _compiled_per_worker(config) else 0.0
+    compiled = COMPILE_MB if torch_would_compile(config) else 0.0
     batch = max(config.pipeline.batch_size, 1)
     return compiled + engine_mb_for(file_mb, m.input_size, batch, e.lanes, bits16)
-
-
-def _compiled_per_worker(config: Config) -> bool:
-    """Whether COMPILE_MB applies: the torch engine compiled (engine.compile, the default; under auto only
-    where TensorRT is not installed: ``checks.toolchain.torch_would_compile``)."""
-    from streamd.checks.toolchain import torch_would_compile
-
-    return torch_would_compile(config)
 
 
 def engine_mb_for(
@@ -268,7 +261,7 @@ def check_memory(
             )
         if mb > total:
             uncompiled = ""
-            if _compiled_per_worker(config) and not config.engine.shared:
+            if torch_would_compile(config) and not config.engine.shared:
                 uncompiled = (
                     f", engine.compile: false (≈{COMPILE_MB / 1024:.1f} GiB less per worker, about half the "
                     "img/s)"
