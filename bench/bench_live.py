@@ -48,6 +48,11 @@ TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _yaml_key(key: str) -> str:
+    """'ring_slots=6' or 'ring_slots:6' as the YAML line 'ring_slots: 6'."""
+    return key if ": " in key else re.sub("[=:]", ": ", key, count=1)
+
+
 def config_text(
     clip: Path,
     n: int,
@@ -90,12 +95,12 @@ def config_text(
         lines["shared"] = "true"
     if lanes != 1:
         lines["lanes"] = lanes
+    # "key=value" and "key:value" too: tools/gpu_models.sh splits its ROWS on spaces
+    engine_keys = tuple(_yaml_key(k) for k in engine_keys)
     given = {k.partition(":")[0].strip() for k in engine_keys}  # --engine-key 'max_batch: 32' replaces ours
     engine_lines = "".join(f"  {k}: {v}\n" for k, v in lines.items() if k not in given)
     engine_lines += "".join(f"  {k}\n" for k in engine_keys)
-    # "key=value" and "key:value" too: tools/gpu_models.sh splits its ROWS on spaces
-    keys = (k if ": " in k else re.sub("[=:]", ": ", k, count=1) for k in pipeline_keys)
-    pipeline_lines = "".join(f"  {k}\n" for k in keys)
+    pipeline_lines = "".join(f"  {_yaml_key(k)}\n" for k in pipeline_keys)
     tracking = ""
     if detect_fps and fill_skipped and "tracking:" not in extra:
         tracking = "tracking:\n  enabled: true\n  fill_skipped: true\n"
@@ -371,6 +376,8 @@ def live_run(
         row["extra"] = extra.strip()
     if args.pipeline_key:
         row["pipeline_keys"] = list(args.pipeline_key)
+    if args.engine_key:
+        row["engine_keys"] = list(args.engine_key)
     if args.shared:
         row["shared_engine"] = True
     if args.model != MODEL:

@@ -70,14 +70,15 @@ def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
     from streamd.config import load_config
 
     text = config_text(
-        CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1", engine_keys=("verify: false", "max_batch: 32"),
-        lanes=2, pipeline_keys=("ring_slots: 6", "batch_timeout_ms:5", "spare_worker=false"), compile=False,
+        CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1",
+        engine_keys=("verify: false", "max_batch=32", "batch_step:8"), lanes=2,
+        pipeline_keys=("ring_slots: 6", "batch_timeout_ms:5", "spare_worker=false"), compile=False,
     )  # fmt: skip
     (tmp_path / "c.yaml").write_text(text)
     config = load_config(tmp_path / "c.yaml")
     assert config.engine.verify is False and config.engine.lanes == 2
     assert config.engine.max_batch == 32 and text.count("max_batch") == 1  # a key given replaces bench_live's
-    assert config.engine.compile is False
+    assert config.engine.compile is False and config.engine.batch_step == 8  # key=value: ROWS split on spaces
     assert config.pipeline.spare_worker is False
     assert config.pipeline.ring_slots == 6 and config.pipeline.batch_timeout_ms == 5
     default = config_text(CLIP, 2, tmp_path / "o.jsonl", batch=4, workers="1")
