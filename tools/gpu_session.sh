@@ -41,13 +41,14 @@
 #                                           # (tests/pipeline/gpu/test_reload_gpu.py) and the wedged-worker test
 #                                           # (~8 min)
 #
-# Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap) and .assets-work/live1080.mp4 carried (see
+# Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap), or tools/gpu_models.sh's .whl-live, .whl-lap and
+# .whl-zoo (or .whl-torch), and .assets-work/live1080.mp4 (or CLIP=…) carried (see
 # bench/RESULTS.md for how the clip is made). STREAMD_COMMIT: the commit the tree is (the box gets no .git).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO" || exit 2
 OUT="${OUT:-$REPO/out/gpu-session}"
-CLIP="$REPO/.assets-work/live1080.mp4"
+CLIP="${CLIP:-$REPO/.assets-work/live1080.mp4}"  # CLIP=… where the carry is short of room
 SOAK=/tmp/streamd-soak
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -55,8 +56,16 @@ mkdir -p "$OUT"
 install() {  # once per machine: never under a running soak (it imports from /tmp/site)
     export PYTHONPATH="/tmp/site:$REPO"
     [[ -d /tmp/site/PyNvVideoCodec ]] && return
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl >/dev/null 2>&1 || { echo "pip install failed" >&2; exit 2; }
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/*.whl >/dev/null 2>&1 || { echo "pip install failed" >&2; exit 2; }
+    else  # tools/gpu_models.sh's carry (tools/gpu_carry.sh live lap and zoo or torch): slim PyNvVideoCodec
+        mkdir -p /tmp/site
+        for t in .whl-live/*.tar.xz; do [[ -f "$t" ]] && tar xJf "$t" -C /tmp/site; done
+        local w=(.whl-live/*.whl .whl-lap/*.whl .whl-torch/*.whl .whl-zoo/onnx2torch-*.whl .whl-zoo/onnxslim-*.whl)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+            $(ls "${w[@]}" 2>/dev/null) >/dev/null 2>&1 || { echo "pip install failed" >&2; exit 2; }
+    fi
     export PYTHONPATH="/tmp/site:$REPO"
 }
 
