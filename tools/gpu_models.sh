@@ -20,7 +20,7 @@
 #   tools/gpu_models.sh profile    # tools/kernel_profile.py: where RT-DETR-l's GPU time goes, by kernel family
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (keep-cache = before, baseline = after the start-up
 #                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
-#                                  # MEM_N cameras (~8 min)
+#                                  # MEM_N cameras ("": none) (~8 min)
 #
 # Env: FAMILY_TESTS (GPU tests run beside the zoo build; "" = none), GPU_TESTS (rows, ceiling: the same beside its build), SKIP_AUDIT=1, FAMILY_CONFIGS (configs beside
 # the zoo, e.g. configs/demo.yaml), CEILING=1 (RT-DETR-l bench_engines), LIVE_AFTER="yolov8s 120 --batch 64
@@ -431,9 +431,11 @@ memory)  # MEM_VARIANTS (keep-cache baseline) at MEM_N, then YOLOv8s's MEM_VY (b
     # `shared` = engine.shared (the engine process reported apart); MEM_S / MEM_SY bound each half
     install
     build yolov8s >/dev/null &  # a CPU export beside the NanoDet runs (memory is what they measure)
-    timeout "${MEM_S:-330}" python3 bench/bench_memory.py --clip "$CLIP" --streams ${MEM_N:-16 64 120} \
-        --variants ${MEM_VARIANTS:-keep-cache baseline} --warmup 10 --window 10 --out "$RES/nanodet" >"$RES/nanodet.log" 2>&1
-    say "nanodet rc=$?"; cat "$RES/nanodet/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
+    if [[ -n "${MEM_N-16 64 120}" ]]; then  # MEM_N="": YOLOv8s only
+        timeout "${MEM_S:-330}" python3 bench/bench_memory.py --clip "$CLIP" --streams ${MEM_N:-16 64 120} \
+            --variants ${MEM_VARIANTS:-keep-cache baseline} --warmup 10 --window 10 --out "$RES/nanodet" >"$RES/nanodet.log" 2>&1
+        say "nanodet rc=$?"; cat "$RES/nanodet/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
+    fi
     wait
     y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1)
     timeout "${MEM_SY:-200}" python3 bench/bench_memory.py --clip "$CLIP" --model "$y" --input-size 640 640 \

@@ -39,7 +39,7 @@
 #                                           # after READY (SANDBOX_MODES="strict" for one), with --check-devices;
 #                                           # then the GPU reload test
 #                                           # (tests/pipeline/gpu/test_reload_gpu.py) and the wedged-worker test
-#                                           # (~8 min)
+#                                           # (SERVICE_TESTS replaces them, "" for none) (~8 min)
 #
 # Needs .whl/ (pynvvideocodec, onnx2torch, onnxslim, lap), or tools/gpu_models.sh's .whl-live, .whl-lap and
 # .whl-zoo (or .whl-torch), and .assets-work/live1080.mp4 (or CLIP=…) carried (see
@@ -213,8 +213,9 @@ BENCHES="bench/bench_live.py --clip $CLIP --out \$OUT --ceiling-threads 0 --ceil
             tail -5 "$work/sandbox-$mode.log" | tee -a "$OUT/service.txt"
             cat "$work/sandbox-$mode.json" >>"$OUT/service.txt" 2>/dev/null; echo >>"$OUT/service.txt"
         done
-        timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/pipeline/gpu/test_reload_gpu.py \
-            tests/test_wedged_worker.py 2>&1 | grep -Ev "^W[0-9]{4} " | tail -25 | tee -a "$OUT/service.txt"
+        tests=${SERVICE_TESTS-tests/pipeline/gpu/test_reload_gpu.py tests/test_wedged_worker.py}  # "": none
+        [[ -n "$tests" ]] && timeout 240 python3 -m pytest -q -s -p no:cacheprovider $tests 2>&1 \
+            | grep -Ev "^W[0-9]{4} " | tail -25 | tee -a "$OUT/service.txt"
         pack "$work"
         ;;
     *) echo "usage: $0 service | live | soak-start [S] [WAIT] | soak-collect [WAIT] | past-capacity | overload [N...] | decoders | pipelined | profile | rest | multi-gpu [N...]" >&2; exit 2 ;;
