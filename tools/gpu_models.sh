@@ -46,16 +46,25 @@
 # max-autotune and lanes 2 give RT-DETR-l's engine nothing. Since then engine.compile defaults to true and
 # bench_live writes `compile: true|false` always (--no-compile for uncompiled rows; the rows of earlier
 # sessions without --compile ran uncompiled).
-# Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s):
-#   1. memory with the default compile: MEM_N=16 MEM_VARIANTS=baseline MEM_NY="16 64" MEM_VY="baseline
-#        uncompiled" MEM_SY=420 tools/gpu_models.sh memory — a compiled YOLOv8s worker
-#        with its own engine against uncompiled; then set streamd/checks/memory.py's COMPILE_MB from it
-#   2. the GPU tests at the new default (tests/pipeline/gpu, tests/engines/gpu, tests/analytics/gpu) and
-#        tools/gpu_session.sh service: a compiled first start under the unit's sandbox (Inductor's
-#        subprocess compile workers and gcc under the syscall filter are not yet seen there)
-#   3. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS): --engine-key 'batch_step: 8' (new: the engine runs a
-#        merged 40-56 rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine
-#        at 0.951 of its batch-32 rate, p99 136 ms), then engine.max_batch 48 (--engine-key 'max_batch: 48')
+# Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s; the
+# twenty-second session got no machine in 11 tries, each refusal costing 15-195 s of the budget: space tries
+# 10+ min apart and keep the calls below ready to paste):
+#   1. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS) with engine.batch_step 8 (the engine runs a merged 40-56
+#        rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine at 0.951 of
+#        its batch-32 rate, p99 136 ms), with the GPU tests at the new default beside the build on an H200,
+#        the same row without batch_step on an H100 (no H200 baseline to compare with there):
+#        g=$(nvidia-smi --query-gpu=name --format=csv,noheader); if [[ "$g" == *H200* ]]; then export
+#        GPU_TESTS="tests/pipeline/gpu tests/engines/gpu tests/analytics/gpu" GPU_TESTS_S=250 LIVE_BUDGET_S=420;
+#        else export LIVE_BUDGET_S=470; fi; ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 64 --workers 3 --batch 8
+#        --shared --pipeline-key ring_slots=6 --engine-key batch_step=8 --engine-img-s 2118 --warmup 30
+#        --start-timeout 220; mps:rtdetr-l 64 … (the same without --engine-key)" tools/gpu_models.sh rows
+#        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
+#        N batches (R rows)" in the row's archive gives the rows per merged batch)
+#   2. SANDBOX_MODES=strict SERVICE_TESTS= tools/gpu_session.sh service (a compiled first start under the
+#        unit's sandbox: Inductor's subprocess compile workers and gcc under the syscall filter are not yet
+#        seen there), then MEM_N= MEM_NY=16 MEM_VY="baseline uncompiled" MEM_SY=300 tools/gpu_models.sh memory
+#        (a compiled YOLOv8s worker with its own engine against uncompiled, side by side: set
+#        streamd/checks/memory.py's COMPILE_MB from it), in one call
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
