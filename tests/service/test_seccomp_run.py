@@ -113,6 +113,70 @@ def test_streamd_is_denied_nothing_and_opens_only_allowed_devices(tmp_path, asse
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 100
 
 
+# engine.compile's host side, as the GPU path runs it, minus CUDA: Inductor's compile-worker pool (the one
+# AsyncCompile makes: a Python subprocess that forks workers) runs the C compiler on a CPython extension
+# module, as Triton builds each kernel's launcher with gcc and Python.h, and the parent imports it; then
+# Inductor compiles a small convolution model on the CPU (its C++ kernels through gcc). The GPU box's own
+# run of this under the filter (tools/gpu_session.sh service, SANDBOX_COMPILE) was not yet possible.
+LAUNCHER_C = r"""
+#include <Python.h>
+static PyObject *add(PyObject *self, PyObject *args) {
+    long a, b;
+    if (!PyArg_ParseTuple(args, "ll", &a, &b)) return NULL;
+    return PyLong_FromLong(a + b);
+}
+static PyMethodDef methods[] = {{"add", add, METH_VARARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "launcher", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_launcher(void) { return PyModule_Create(&module); }
+"""
+COMPILE = """
+    import importlib.util, subprocess, sys, sysconfig
+    from pathlib import Path
+    import torch
+    from torch._inductor.async_compile import AsyncCompile
+    from streamd.engines.compile_toolchain import c_compiler, python_include_dir
+
+    work = Path(sys.argv[1])
+    so = work / ("launcher" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cc = [c_compiler(), str(work / "launcher.c"), "-O3", "-shared", "-fPIC", "-o", str(so),
+          f"-I{python_include_dir()}"]
+    pool = AsyncCompile.process_pool()
+    pool.submit(subprocess.check_call, cc).result(timeout=120)
+    spec = importlib.util.spec_from_file_location("launcher", so)
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    print("launcher", launcher.add(2, 3), flush=True)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        diff = (torch.compile(model, dynamic=False)(x) - model(x)).abs().max().item()
+    print("inductor", diff < 1e-4, flush=True)
+"""
+
+
+def test_engine_compiles_host_side_runs_under_the_strict_filter(tmp_path) -> None:
+    """Kill mode: the compile-worker pool, the C compiler from it, the import of what it built, and
+    Inductor's own compile make no call off the unit's list (a call off it ends the run with SIGSYS)."""
+    pytest.importorskip("torch")
+    from streamd.engines.compile_toolchain import toolchain_problem
+
+    if problem := toolchain_problem():
+        pytest.skip(problem)
+    (tmp_path / "launcher.c").write_text(LAUNCHER_C)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # nothing from a cache
+           "TORCHINDUCTOR_COMPILE_THREADS": "2", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    command = [*python(COMPILE), str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--report", str(tmp_path / "r.json"), *command],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["mode"] == "kill" and report["killed"] == []
+    assert proc.stdout.split() == ["launcher", "5", "inductor", "True"], proc.stdout
+    assert list((tmp_path / "inductor").rglob("*.so")), "Inductor compiled nothing (a cache hit?)"
+
+
 FORBIDDEN = """
     import ctypes, os, socket
     libc = ctypes.CDLL(None, use_errno=True)
