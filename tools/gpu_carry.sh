@@ -2,7 +2,7 @@
 # What a GPU session carries beside the tree, made on this (PyPI-connected) machine in one go; every piece is
 # gitignored and a new checkout has none of them. The device tool carries 64 MiB with the tree (~55 MB).
 #
-#   tools/gpu_carry.sh [live] [spy] [zoo] [torch] [lap] [clip]   # default: live spy clip
+#   tools/gpu_carry.sh [live] [spy] [zoo] [torch] [lap] [clip] [hevc]   # default: live spy clip
 #
 #   live  .whl-live/: PyNvVideoCodec slimmed to ~3 MB (tools/slim_pynvvideocodec.sh) + orjson (cp312)
 #   lap   .whl-lap/: lap (cp312, 1.7 MB), tracking's assignment: rows with detect_fps need it
@@ -12,6 +12,7 @@
 #   clip  .assets-work/live1080.mp4: the bundled vtest footage at 1920x1080, 30 fps, 60 s, H.264 with
 #         B-frames (~4-5 MB), the clip of the live rows since the tenth session; and ramp1080.mp4, its
 #         first 30 s (for the ramp mode)
+#   hevc  .assets-work/live1080_hevc_50.mp4: the same at 1080p30 as HEVC, 50 s (~3.2 MB)
 # The GPU box runs CPython 3.12 on x86_64 (manylinux_2_28); wheels are fetched for that, not for this machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,7 +65,18 @@ for what in "${WANT[@]}"; do
         [[ -f .assets-work/ramp1080.mp4 ]] || ffmpeg -nostdin -hide_banner -loglevel error -y \
             -i .assets-work/live1080.mp4 -t 30 -c copy .assets-work/ramp1080.mp4
         ;;
-    *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, torch, lap, clip)" >&2; exit 2 ;;
+    hevc)  # the same footage as HEVC (x265, 2 B-frames, 50 s, ~3.2 MB): issue 26 point 4 on HEVC cameras, where
+        # NVDEC leaves room past H.264's ~168 live 1080p streams; carry it instead of the H.264 clip
+        mkdir -p .assets-work
+        if [[ ! -f .assets-work/live1080_hevc_50.mp4 ]]; then
+            ffmpeg -nostdin -hide_banner -loglevel error -y -stream_loop 6 -r 30 \
+                -i streamd/bundled/samples/vtest.mp4 -frames:v 1500 -vf scale=1920:1080 -c:v libx265 \
+                -preset veryfast -crf 35 -x265-params bframes=2:keyint=60:log-level=none -tag:v hvc1 \
+                -pix_fmt yuv420p -an .assets-work/live1080_hevc.tmp.mp4
+            mv .assets-work/live1080_hevc.tmp.mp4 .assets-work/live1080_hevc_50.mp4
+        fi
+        ;;
+    *) echo "gpu_carry.sh: unknown piece $what (live, spy, zoo, torch, lap, clip, hevc)" >&2; exit 2 ;;
     esac
 done
 du -sh .whl-live .whl-spy .whl-zoo .whl-torch .whl-lap .assets-work/*.mp4 2>/dev/null || true

@@ -65,6 +65,12 @@
 #        seen there), then MEM_N= MEM_NY=16 MEM_VY="baseline uncompiled" MEM_SY=300 tools/gpu_models.sh memory
 #        (a compiled YOLOv8s worker with its own engine against uncompiled, side by side: set
 #        streamd/checks/memory.py's COMPILE_MB from it), in one call
+#   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
+#        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
+#        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3
+#        --batch 8 --shared --pipeline-key ring_slots=6 --engine-img-s 2118 --warmup 30 --start-timeout 220;
+#        mps:rtdetr-l 180 --workers 6 --batch 16 --shared --detect-fps 10 --engine-img-s 2118 --warmup 30"
+#        tools/gpu_models.sh rows: full rate and detect_fps 10 on the same HEVC clip, side by side
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
 # zoo is built), .whl-live (PyNvVideoCodec slimmed, orjson), .whl-lap (rows with detect_fps), .whl-spy
