@@ -69,7 +69,7 @@
 #        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
 #        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3
 #        --batch 8 --shared --pipeline-key ring_slots=6 --engine-img-s 2118 --warmup 30 --start-timeout 220;
-#        mps:rtdetr-l 180 --workers 6 --batch 16 --shared --detect-fps 10 --engine-img-s 2118 --warmup 30"
+#        mps:rtdetr-l 180 --workers 6 --batch 8 --shared --detect-fps 10 --engine-img-s 2118 --warmup 30"
 #        tools/gpu_models.sh rows: full rate and detect_fps 10 on the same HEVC clip, side by side
 # Carry (tools/gpu_carry.sh makes them; each mode checks its pieces first, preflight()): .whl-zoo
 # (tools/zoo_wheels.txt, for zoo builds) or .whl-torch (onnx2torch + onnxslim only: the torch engine where no
