@@ -47,8 +47,8 @@
 # bench_live writes `compile: true|false` always (--no-compile for uncompiled rows; the rows of earlier
 # sessions without --compile ran uncompiled).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s; the
-# twenty-second session got no machine in 11 tries, each refusal costing 15-195 s of the budget: space tries
-# 10+ min apart and keep the calls below ready to paste):
+# twenty-second session got no machine in 14 calls (one started and was taken back before its command
+# finished), each costing 15-195 s of the budget: space tries 10+ min apart, keep the calls below ready):
 #   1. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS) with engine.batch_step 8 (the engine runs a merged 40-56
 #        rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine at 0.951 of
 #        its batch-32 rate, p99 136 ms), with the GPU tests at the new default beside the build on an H200,
@@ -61,8 +61,8 @@
 #        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
 #   2. SANDBOX_MODES=strict SERVICE_TESTS= tools/gpu_session.sh service (a compiled first start under the
-#        unit's sandbox: Inductor's subprocess compile workers and gcc under the syscall filter are not yet
-#        seen there), then MEM_N= MEM_NY=16 MEM_VY="baseline uncompiled" MEM_SY=300 tools/gpu_models.sh memory
+#        unit's sandbox: Inductor's compile-worker pool and gcc pass the filter on the CPU, tests/service/
+#        test_seccomp_run.py; Triton's and CUDA's part of the compile is not yet seen there), then MEM_N= MEM_NY=16 MEM_VY="baseline uncompiled" MEM_SY=300 tools/gpu_models.sh memory
 #        (a compiled YOLOv8s worker with its own engine against uncompiled, side by side: set
 #        streamd/checks/memory.py's COMPILE_MB from it), in one call
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
