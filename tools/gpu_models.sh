@@ -47,7 +47,7 @@
 # bench_live writes `compile: true|false` always (--no-compile for uncompiled rows; the rows of earlier
 # sessions without --compile ran uncompiled).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s; the
-# twenty-second session got no machine in 14 calls (one started and was taken back before its command
+# twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), each costing 15-195 s of the budget: space tries 10+ min apart, keep the calls below ready):
 #   1. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS) with engine.batch_step 8 (the engine runs a merged 40-56
 #        rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine at 0.951 of
