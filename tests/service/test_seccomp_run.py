@@ -35,9 +35,9 @@ needs_systemd = pytest.mark.skipif(
 )
 
 
-def seccomp_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def seccomp_run(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
     )
 
 
@@ -116,8 +116,8 @@ def test_streamd_is_denied_nothing_and_opens_only_allowed_devices(tmp_path, asse
 # engine.compile's host side, as the GPU path runs it, minus CUDA: Inductor's compile-worker pool (the one
 # AsyncCompile makes: a Python subprocess that forks workers) runs the C compiler on a CPython extension
 # module, as Triton builds each kernel's launcher with gcc and Python.h, and the parent imports it; then
-# Inductor compiles a small convolution model on the CPU (its C++ kernels through gcc). The GPU box's own
-# run of this under the filter (tools/gpu_session.sh service, SANDBOX_COMPILE) was not yet possible.
+# Inductor compiles a small convolution model on the CPU (its C++ kernels through gcc). The compiled GPU
+# start under the filter, Triton and CUDA included, is tools/gpu_session.sh service (SANDBOX_COMPILE).
 LAUNCHER_C = r"""
 #include <Python.h>
 static PyObject *add(PyObject *self, PyObject *args) {
@@ -165,11 +165,7 @@ def test_engine_compiles_host_side_runs_under_the_strict_filter(tmp_path) -> Non
     (tmp_path / "launcher.c").write_text(LAUNCHER_C)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # nothing from a cache
            "TORCHINDUCTOR_COMPILE_THREADS": "2", "PYTHONPATH": str(ROOT)}  # fmt: skip
-    command = [*python(COMPILE), str(tmp_path)]
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--report", str(tmp_path / "r.json"), *command],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
-    )  # fmt: skip
+    proc = seccomp_run("--report", str(tmp_path / "r.json"), *python(COMPILE), str(tmp_path), env=env)
     report = json.loads((tmp_path / "r.json").read_text())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["mode"] == "kill" and report["killed"] == []
