@@ -27,6 +27,7 @@ CLIP = ROOT / "samples" / "vtest.mp4"
 CLIP_HEVC = ROOT / "samples" / "vtest-hevc.mp4"
 SCHEMA = ROOT / "streamd" / "data" / "result.schema.json"
 SHORT_FRAMES = 200  # pictures of the ``short_clip`` fixture
+GOP_FRAMES = 250  # pictures of the ``first_gop_clip`` fixture: samples/vtest.mp4 has a keyframe every 25 s
 
 
 def build_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
@@ -74,6 +75,46 @@ def _encode_short_clip(folder: Path) -> None:
         out.mux(stream.encode())
     with av.open(str(path)) as check:
         assert sum(1 for _ in check.decode(video=0)) == SHORT_FRAMES, path
+
+
+@pytest.fixture(scope="session")
+def first_gop_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """samples/vtest.mp4's first GOP_FRAMES pictures (its first 25 s), its packets copied up to its second
+    keyframe (no re-encode: the same pictures, so the same detections, as the whole clip's): for tests of a
+    whole daemon run whose point is not the clip's length; a third of the whole clip's CPU inference."""
+    return build_once(tmp_path_factory, "gop-0", lambda folder: _copy_gop(folder, 0)) / "vtest-gop0.mp4"
+
+
+@pytest.fixture(scope="session")
+def third_gop_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """samples/vtest.mp4's pictures 500-749 (50-75 s; people walk out at the picture's bottom edge), copied
+    the same way, their timestamps moved to start where the clip's do."""
+    return build_once(tmp_path_factory, "gop-2", lambda folder: _copy_gop(folder, 2)) / "vtest-gop2.mp4"
+
+
+def _copy_gop(folder: Path, gop: int) -> None:
+    import av
+
+    path = folder / f"vtest-gop{gop}.mp4"
+    with av.open(str(CLIP)) as src, av.open(str(path), "w") as out:
+        stream = out.add_stream_from_template(src.streams.video[0])
+        keyframes, first_pts, shift = -1, None, 0
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is None:  # the demuxer's flush packet
+                continue
+            if packet.is_keyframe:
+                keyframes += 1
+                first_pts = packet.pts if first_pts is None else first_pts
+                if keyframes == gop:
+                    shift = packet.pts - first_pts
+            if keyframes == gop + 1:
+                break
+            if keyframes == gop:
+                packet.pts, packet.dts = packet.pts - shift, packet.dts - shift
+                packet.stream = stream
+                out.mux(packet)
+    with av.open(str(path)) as check:
+        assert sum(1 for _ in check.decode(video=0)) == GOP_FRAMES, path
 
 
 def run_streamd(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

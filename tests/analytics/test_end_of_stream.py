@@ -23,6 +23,7 @@ from streamd.ingest.reader import StreamReader
 from streamd.pipeline.batcher import Batcher
 from streamd.worker.output import encode_all
 from tests.analytics.test_stream_analytics import config, frame, parse, person, result
+from tests.conftest import CLIP, GOP_FRAMES
 from tests.sources.conftest import make_camera_clip
 
 pytest.importorskip("lap")
@@ -132,15 +133,17 @@ def test_the_ingest_thread_signals_the_end_of_its_file(tmp_path) -> None:
     assert records[-1].get("event") == "leave"  # after every frame line
 
 
-def test_the_daemon_closes_every_zone_of_the_bundled_clip(tmp_path) -> None:
-    """``streamd run`` on configs/analytics-zones.yaml (the bundled clip, the left half as a zone) plus a
-    short stream in the same worker that ends early: every ``enter`` gets its ``leave`` by the end of the
-    output, the short stream's at its own end; membership at the frame's bottom border and the event count
-    per track follow the boxes written (a real-clip check of the zone edges)."""
+def test_the_daemon_closes_every_zone_of_the_bundled_clip(tmp_path, third_gop_clip) -> None:
+    """``streamd run`` on configs/analytics-zones.yaml (the left half as a zone) with 25 s of the bundled
+    clip (its third GOP: people leave at the bottom edge, some are still inside at the end) plus a short
+    stream in the same worker that ends early: every ``enter`` gets its ``leave`` by the end of the output,
+    the short stream's at its own end; membership at the frame's bottom border and the event count per
+    track follow the boxes written (a real-clip check of the zone edges)."""
     root = Path(__file__).resolve().parent.parent.parent
     cfg = yaml.safe_load((root / "configs" / "analytics-zones.yaml").read_text())
     demo = cfg["streams"][0]
-    demo["url"] = str((root / "configs" / demo["url"]).resolve())
+    assert (root / "configs" / demo["url"]).resolve() == CLIP
+    demo["url"] = str(third_gop_clip)
     cfg["model"]["path"] = str((root / "configs" / cfg["model"]["path"]).resolve())
     short = make_camera_clip(tmp_path / "short.mp4", 60, 10, bframes=0)  # the clip's first 6 s
     cfg["streams"].append({**demo, "id": "short", "url": str(short)})
@@ -154,7 +157,7 @@ def test_the_daemon_closes_every_zone_of_the_bundled_clip(tmp_path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    for sid, frames in (("demo", 795), ("short", 60)):
+    for sid, frames in (("demo", GOP_FRAMES), ("short", 60)):
         assert len([r for r in records if r["stream"] == sid and "type" not in r]) == frames
         open_: dict[tuple, int] = {}
         pairs = 0
@@ -174,7 +177,9 @@ def test_the_daemon_closes_every_zone_of_the_bundled_clip(tmp_path) -> None:
     last_short = max(i for i, r in enumerate(records) if r["stream"] == "short")
     assert records[last_short].get("event") == "leave"
     later = [r["frame"] for r in records[last_short:] if r["stream"] == "demo" and "type" not in r]
-    assert len(later) > 500, "the short stream's leaves waited for the worker's end"
+    assert len(later) > GOP_FRAMES // 2, "the short stream's leaves waited for the worker's end"
+    closed = [r for r in records if r["stream"] == "demo" and r.get("event") == "leave"]
+    assert any(r["frame"] == GOP_FRAMES - 1 for r in closed), "nobody was inside at the end: nothing closed"
 
     # Real-clip check of the zone's edges on the demo stream (zone: x < 384, the full height).
     inside: dict[int, list[tuple[float, bool]]] = {}

@@ -1,8 +1,8 @@
 """Home Assistant MQTT discovery against a real broker (mosquitto): the retained discovery messages are
 valid JSON with the keys Home Assistant needs, one per entity (status, object counts per class, line
 counters per direction), and every state topic they name receives values — from a sink fed known lines, and
-from ``streamd run`` on the pedestrian clip with a line across the walkway (counts checked against the
-cross events and frame lines the same broker carried)."""
+from ``streamd run`` on the pedestrian clip's first 25 s with a line across the walkway (counts checked
+against the cross events and frame lines the same broker carried)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from streamd.config import load_config
 from streamd.sinks.mqtt import MqttSink
-from tests.conftest import CLIP, MODEL, run_streamd
+from tests.conftest import CLIP, GOP_FRAMES, MODEL, run_streamd
 
 HA_KEYS = {"name", "unique_id", "state_topic", "availability_topic", "device", "object_id"}
 
@@ -176,11 +176,13 @@ def test_entities_are_announced_and_their_states_published(tmp_path, broker) -> 
 
 
 @pytest.mark.slow
-def test_streamd_run_on_the_pedestrian_clip_feeds_the_sensors(tmp_path, broker, assets) -> None:
+def test_streamd_run_on_the_pedestrian_clip_feeds_the_sensors(
+    tmp_path, broker, assets, first_gop_clip
+) -> None:
     pytest.importorskip("lap")  # the tracker behind lines
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
-        f"streams:\n  - id: demo\n    url: {CLIP}\n    classes: [person]\n"
+        f"streams:\n  - id: demo\n    url: {first_gop_clip}\n    classes: [person]\n"
         "    lines:\n      - name: street\n        points: [[480, 120], [540, 560]]\n"
         f"model:\n  path: {MODEL}\n  score_threshold: 0.35\ntracking:\n  enabled: true\n"
         f"sinks:\n  - type: mqtt\n    host: 127.0.0.1\n    port: {broker.port}\n"
@@ -202,7 +204,7 @@ def test_streamd_run_on_the_pedestrian_clip_feeds_the_sensors(tmp_path, broker, 
 
     # Computed from what the broker carried on the detections topic, not from the sink's own counters.
     frames = [r for r in lines if "type" not in r]
-    assert len(frames) == 795, len(frames)
+    assert len(frames) == GOP_FRAMES, len(frames)
     people = [sum(d["label"] == "person" for d in r["detections"]) for r in frames]
     published = ["0"]  # announced at 0, then published on each change
     for n in people:
