@@ -5,9 +5,10 @@ The expected crossings come from ``tools/count_crossings.py``: a separate script
 that reads only the frame lines' boxes and track ids and applies the documented rule with its own geometry
 (no streamd import). streamd's ``cross`` events, its snapshot counters, /metrics and /api/status's source
 must all agree with it, and the clip must give a count worth checking (at least 5 crossings, both ways).
-The same run has a zone with ``dwell_s``: its events validate and carry their times. A second run detects
-5 frames a second of the 10 and fills the others with predicted boxes: a track then moves in one step from
-one detected frame to the next, and the predicted frames count nothing (the script skips them).
+The same run has a zone with ``dwell_s``: its events validate and carry their times. A second run, on the
+clip's first 25 s (``first_gop_clip``), detects 5 frames a second of the 10 and fills the others with
+predicted boxes: a track then moves in one step from one detected frame to the next, and the predicted
+frames count nothing (the script skips them).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ STREET = (480, 120, 540, 560)  # across the walkway, top to bottom: its left sid
     ["", "    detect_fps: 5\n    tracking: {fill_skipped: true}\n"],
     ids=["every-frame", "detect-fps-5"],
 )
-def test_crossings_on_the_pedestrian_clip_match_an_independent_count(tmp_path, rate: str) -> None:
+def test_crossings_on_the_pedestrian_clip_match_an_independent_count(tmp_path, rate: str, request) -> None:
+    # the whole clip detected every frame; its first 25 s (13 crossings) at detect_fps 5
+    clip = request.getfixturevalue("first_gop_clip") if rate else CLIP
     out = tmp_path / "out.jsonl"
     cfg = tmp_path / "lines.yaml"
     x1, y1, x2, y2 = STREET
     cfg.write_text(
-        f"streams:\n  - id: demo\n    url: {CLIP}\n    classes: [person]\n{rate}"
+        f"streams:\n  - id: demo\n    url: {clip}\n    classes: [person]\n{rate}"
         f"    lines:\n      - name: street\n        points: [[{x1}, {y1}], [{x2}, {y2}]]\n"
         "        in_side: left\n        classes: [person]\n"
         "    zones:\n      - name: west\n        polygon: [[0, 0], [384, 0], [384, 576], [0, 576]]\n"
