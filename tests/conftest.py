@@ -309,9 +309,11 @@ NOT_SERIAL = {
 # files out in collection order (README's command passes --no-loadscope-reorder), so these start first and
 # no worker is left running a long file alone at the end. A file missing here just runs after them.
 LONG_FILES = (
+    "tests/test_shared_engine.py",
     "tests/test_zoo_families.py",
     "tests/service/test_service.py",
     "tests/test_e2e.py",
+    "tests/analytics/test_classes_reload.py",
     "tests/sinks/test_mqtt_sink.py",
     "tests/test_bench_tools.py",
     "tests/analytics/test_lines_clip.py",
@@ -322,6 +324,7 @@ LONG_FILES = (
     "tests/analytics/test_end_of_stream.py",
     "tests/test_packaging.py",
     "tests/engines/test_torch_compile_dynamo.py",
+    "tests/test_stage_failure_restart.py",
     "tests/decode/test_cpu_decoder.py",
     "tests/test_reference_detections.py",
     "tests/service/test_seccomp_run.py",

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import venv
 import zipfile
 from pathlib import Path
@@ -101,21 +102,34 @@ def test_fresh_venv_runs_the_demo(wheel: Path, tmp_path: Path) -> None:
     assert kernels_found == "True"
     # The demo from the installed wheel, stopped the way an operator would (Ctrl-C) once it has written a
     # hundred lines: tests/test_e2e.py runs the whole demo from the checkout; here the point is the install.
-    proc = subprocess.Popen(
-        [env_dir / "bin" / "streamd", "run", "--no-status"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(
+            [env_dir / "bin" / "streamd", "run", "--no-status"],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+        )
     assert proc.stdout is not None
-    lines = [proc.stdout.readline() for _ in range(100)]
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
-    lines = [line for line in "".join(lines).splitlines() + rest.splitlines() if line]
+    out = proc.stdout
+    try:
+        head = [out.readline() for _ in range(100)]
+        proc.send_signal(signal.SIGINT)
+        # the rest through the same file object (communicate() would read the pipe under what readline
+        # had already buffered, and lose it), in a thread so a daemon that does not stop fails the test
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(out.read()), daemon=True)
+        reader.start()
+        reader.join(timeout=120)
+        code = proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    err = err_path.read_text()
+    assert code == 0, err[-3000:]
+    lines = [line for line in "".join(head + rest).splitlines() if line]
     schema = json.loads((ROOT / "streamd" / "data" / "result.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(schema)
     for line in lines:

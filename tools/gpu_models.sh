@@ -48,7 +48,9 @@
 # sessions without --compile ran uncompiled).
 # Next, in this order (a cold start costs 1-2 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
-# finished), each costing 15-195 s of the budget: space tries 10+ min apart, keep the calls below ready):
+# finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
+# costing 180-195 s of the budget: space tries 10+ min apart, keep the calls below ready; below ~650 s left a
+# call 1 no longer fits: LIVE_BUDGET_S=150 LIVE_TIMEOUT_S=255 and one row is the smallest that does):
 #   1. RT-DETR-l 64 (3 x 8, ring_slots 6, shared, MPS) with engine.batch_step 8 (the engine runs a merged 40-56
 #        rows as it is; with powers of two only fullest_prefix cut them to 32, holding the engine at 0.951 of
 #        its batch-32 rate, p99 136 ms), with the GPU tests at the new default beside the build on an H200,
