@@ -27,7 +27,7 @@ CLIP = ROOT / "samples" / "vtest.mp4"
 CLIP_HEVC = ROOT / "samples" / "vtest-hevc.mp4"
 SCHEMA = ROOT / "streamd" / "data" / "result.schema.json"
 SHORT_FRAMES = 100  # pictures of the ``short_clip`` fixture
-GOP_FRAMES = 250  # pictures of the ``first_gop_clip`` fixture: samples/vtest.mp4 has a keyframe every 25 s
+GOP_FRAMES = 250  # pictures of the ``*_gop_clip`` fixtures: samples/vtest.mp4 has a keyframe every 25 s
 
 
 def build_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
@@ -305,7 +305,7 @@ NOT_SERIAL = {
     "tests/sources/test_live.py::test_reconnect_attempts_zero_retries_forever",
 }
 
-# The files that take longest (measured on the 2-core CI machine, -n 3), longest first: pytest-xdist hands
+# The files that take longest (measured on the 2-core CI machine, -n 4), longest first: pytest-xdist hands
 # files out in collection order (README's command passes --no-loadscope-reorder), so these start first and
 # no worker is left running a long file alone at the end. A file missing here just runs after them.
 LONG_FILES = (
