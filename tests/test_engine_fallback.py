@@ -252,3 +252,22 @@ def test_named_engine_and_non_check_failures_do_not_ladder(tiny, caplog) -> None
         "engine: torch at fp16 could not be brought up (engine torch: RuntimeError: CUDA driver too old); "
         "engine.type auto falls back to onnxruntime"
     ]
+
+
+def test_auto_on_a_box_without_a_gpu_does_not_import_torch() -> None:
+    """Where the CUDA driver sees no device, ``auto`` learns that torch has no CUDA without importing torch
+    (1-2 s of CPU in every worker's start on a CPU box that has torch installed)."""
+    import subprocess
+
+    from streamd.gpu.cuda import gpu_available
+
+    pytest.importorskip("torch")
+    pytest.importorskip("cuda.bindings")
+    if gpu_available()[0]:
+        pytest.skip("a GPU is present: torch is imported to ask it")
+    probe = (
+        "import sys; from streamd.engines.options import Machine; "
+        "print(Machine().has_torch_cuda(), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamd.checks.toolchain import torch_would_compile
 from streamd.config import Config, StreamConfig
 
 # One worker process with nothing but its CUDA context, torch, the kernels and a small engine: the 14:37 row
@@ -41,25 +40,19 @@ CAMERA_MB_1080P = 60.0
 # large). fp32 doubles it.
 ACTIVATION_MB_PER_MPIX = 70.0
 ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
-# engine.compile (torch engine): what a compiled worker held beyond the uncompiled estimate in the thirteenth
-# session's live rows (bench/RESULTS.md "Compiled YOLOv8s workers live"; YOLOv8s batch 16, 24 cameras per
-# worker, 9 workers: 5,917-7,671 MB, mean 6,429 against 3,865 estimated uncompiled). Why is not measured
-# (bench_engines' single compiled engine held 5 % less than graphs alone); one model, so a constant. The
-# fifteenth session's compiled RT-DETR-l workers (tree ecfb73a, batch 16, 22-26 cameras: 4,711-5,100 MB) fit
-# the *uncompiled* estimate within 5 %, so this constant overestimates them by ~50 %. Those rows ran after the
-# fourteenth session's fix of a second, whole-graph compile at the first pipeline call (a dispatch-key guard),
-# which may have been YOLOv8s's 2.5 GB; until a compiled YOLOv8s worker is measured again the constant stays
-# (an estimate too high warns early; one too low lets a config run out of memory at start). engine.compile is
-# on by default since the twenty-first session, so every torch engine per worker counts it; the warning names
-# engine.compile: false as a fix.
-COMPILE_MB = 2560.0
+# engine.compile (on by default) adds nothing: a compiled worker holds no more than an uncompiled one. The
+# twenty-fourth session measured it side by side (bench/RESULTS.md "Compiled workers' memory, measured again";
+# bench_memory, YOLOv8s, 16 cameras, batch 32, one worker, H100): 4,148 MB compiled, 4,662 MB uncompiled,
+# 4,232 MB estimated. The fifteenth session's compiled RT-DETR-l workers came within 5 % of the estimate too.
+# The +2.5 GB the thirteenth session saw came before the fourteenth session's fix of a second, whole-graph
+# compile at the first pipeline call.
 # engine.shared: a decode worker (CUDA context, NVDEC, the preprocess kernel, its slots' rows; no engine). The
 # sixteenth session's RT-DETR-l rows (bench/RESULTS.md "One engine process per GPU"): 1,798 MB at 15 cameras,
 # 2,487-2,622 MB at 24-26, less CAMERA_MB_1080P each: 0.9-1.05 GB. The seventeenth session's bench_memory rows
 # (NanoDet and YOLOv8s, 16/64/120 cameras, batch 32): workers of 16 cameras 1.9-2.2 GB, a spare (no camera)
 # 0.7-1.0 GB. The engine process is a worker's base plus one engine at engine.max_batch (it merges the
 # workers' batches; measured 2.3 GB NanoDet, 4.1 GB YOLOv8s, 6.1-6.4 GB RT-DETR-l); compiled it held less,
-# not more (6.1 vs 6.4-6.7 GB), so no COMPILE_MB there.
+# not more (6.1 vs 6.4-6.7 GB).
 SHARED_WORKER_MB = 1000.0
 # A config whose estimate lies within this fraction of the total gets a note (allocator slack, other users).
 HEADROOM = 0.9
@@ -159,9 +152,8 @@ def engine_mb(config: Config) -> float:
     except OSError:  # check --no-model: the file may not be here
         file_mb = 0.0
     bits16 = e.precision in ("fp16", "bf16", "int8")
-    compiled = COMPILE_MB if torch_would_compile(config) else 0.0
     batch = max(config.pipeline.batch_size, 1)
-    return compiled + engine_mb_for(file_mb, m.input_size, batch, e.lanes, bits16)
+    return engine_mb_for(file_mb, m.input_size, batch, e.lanes, bits16)
 
 
 def engine_mb_for(
@@ -260,16 +252,10 @@ def check_memory(
                 f"{shared_mb[dev] / 1024:.1f} GiB"
             )
         if mb > total:
-            uncompiled = ""
-            if torch_would_compile(config) and not config.engine.shared:
-                uncompiled = (
-                    f", engine.compile: false (≈{COMPILE_MB / 1024:.1f} GiB less per worker, about half the "
-                    "img/s)"
-                )
             report.warnings.append(
                 f"{text}: will not fit; use fewer streams or workers (pipeline.workers), a smaller "
                 "pipeline.batch_size or model.input_size, pipeline.spare_worker: false, or more GPUs "
-                f"(pipeline.devices){uncompiled}{fits_shared}"
+                f"(pipeline.devices){fits_shared}"
             )
         elif mb > HEADROOM * total:
             report.notes.append(f"{text}: little headroom{fits_shared}")

@@ -87,6 +87,8 @@ def _gpu_available() -> bool:
 def _torch_cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False
+    if _importable("cuda.bindings") and not _gpu_available():
+        return False  # the driver sees no device: skip importing torch (1-2 s of CPU in every worker)
     try:
         import torch
 
