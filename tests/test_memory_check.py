@@ -168,8 +168,8 @@ def test_the_estimate_is_within_20_percent_of_measured_workers(
 
 
 # Compiled workers (engine.compile, the default): the fifteenth session's RT-DETR-l (RESULTS "RT-DETR-l
-# compiled", tree ecfb73a, batch 16, 2 workers) and the twenty-fourth session's YOLOv8s (RESULTS "Compiled
-# workers' memory, measured again": bench_memory on an H100, 16 cameras, one worker; 4,662 MB uncompiled
+# compiled", tree ecfb73a, batch 16, 2 workers) and the twenty-fourth session's YOLOv8s (RESULTS "RT-DETR-l
+# on an H100", item 2: bench_memory on an H100, 16 cameras, one worker; 4,662 MB uncompiled
 # beside it, in MEASURED). The thirteenth session's compiled YOLOv8s rows (5.9-7.7 GB at 24 cameras) ran
 # before the fourteenth session's fix of a second, whole-graph compile: not what a compiled worker holds.
 MEASURED_COMPILED = [

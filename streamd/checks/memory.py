@@ -41,7 +41,7 @@ CAMERA_MB_1080P = 60.0
 ACTIVATION_MB_PER_MPIX = 70.0
 ACTIVATION_MB_PER_MPIX_PER_WEIGHT_MB = 1.4
 # engine.compile (on by default) adds nothing: a compiled worker holds no more than an uncompiled one. The
-# twenty-fourth session measured it side by side (bench/RESULTS.md "Compiled workers' memory, measured again";
+# twenty-fourth session measured it side by side (bench/RESULTS.md "RT-DETR-l on an H100", item 2;
 # bench_memory, YOLOv8s, 16 cameras, batch 32, one worker, H100): 4,148 MB compiled, 4,662 MB uncompiled,
 # 4,232 MB estimated. The fifteenth session's compiled RT-DETR-l workers came within 5 % of the estimate too.
 # The +2.5 GB the thirteenth session saw came before the fourteenth session's fix of a second, whole-graph
