@@ -46,11 +46,12 @@
 # max-autotune and lanes 2 give RT-DETR-l's engine nothing. Since then engine.compile defaults to true and
 # bench_live writes `compile: true|false` always (--no-compile for uncompiled rows; the rows of earlier
 # sessions without --compile ran uncompiled).
-# The twenty-fourth session (RESULTS "RT-DETR-l on an H100"; 7 calls, the seventh started an H100, whose
-# start cost ~9 min of the budget): RT-DETR-l 56 clean at p99 75 ms on the H100 (52 at 58 ms; 64 past its
-# engine, batch_step 8 +1.7 % there), and a compiled YOLOv8s worker 4,148 MB against 4,662 uncompiled
-# (memory with MEM_XY="NAME:K=V,K=V NAME:K=V,K=V": two --variant's for the YOLOv8s half): COMPILE_MB is gone.
-# Next, in this order (a cold start costs 1-9 min of device time; chain calls: idle-out after 30 s; the
+# The twenty-fourth session (RESULTS "RT-DETR-l on an H100"; 10 calls: two refused at a start, four in a
+# cool-down, the seventh (no kind named) started an H100 for ~4.5 min of the budget, three more ran warm):
+# RT-DETR-l 56 clean at p99 75 ms on the H100 (52 at 58 ms; 64 past its engine, batch_step 8 +1.7 % there),
+# and a compiled YOLOv8s worker 4,148 MB against 4,662 uncompiled (memory with MEM_XY="NAME:K=V,K=V
+# NAME:K=V,K=V": two --variant's for the YOLOv8s half): COMPILE_MB is gone.
+# Next, in this order (a cold start costs 1-5 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
 # costing 90-195 s of the budget: space tries 10+ min apart, keep the calls below ready; below ~650 s left a
