@@ -50,7 +50,7 @@
 # cool-down, the seventh (no kind named) started an H100 for ~4.5 min of the budget, three more ran warm):
 # RT-DETR-l 56 clean at p99 75 ms on the H100 (52 at 58 ms; 64 past its engine, batch_step 8 +1.7 % there),
 # and a compiled YOLOv8s worker 4,148 MB against 4,662 uncompiled (memory with MEM_XY="NAME:K=V,K=V
-# NAME:K=V,K=V": two --variant's for the YOLOv8s half): COMPILE_MB is gone.
+# NAME:K=V,K=V": a --variant each for the YOLOv8s half): COMPILE_MB is gone.
 # Next, in this order (a cold start costs 1-5 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
@@ -459,10 +459,11 @@ memory)  # MEM_VARIANTS (keep-cache baseline) at MEM_N, then YOLOv8s's MEM_VY (b
     fi
     wait
     y=$(ls "$ZOO"/yolov8s-640-dyn*.onnx | head -1)
+    extra=(); for v in ${MEM_XY-}; do extra+=(--variant "$v"); done  # MEM_XY: any number of NAME:K=V,K=V
     timeout "${MEM_SY:-200}" python3 bench/bench_memory.py --clip "$CLIP" --model "$y" --input-size 640 640 \
         --model-key 'channel_order: rgb' --model-key 'mean: [0, 0, 0]' --model-key 'std: [255, 255, 255]' \
-        --streams ${MEM_NY:-16 64} --variants ${MEM_VY:-baseline} ${MEM_XY:+--variant "${MEM_XY%% *}"} \
-        ${MEM_XY:+--variant "${MEM_XY#* }"} --warmup 10 --window 10 --out "$RES/yolov8s" \
+        --streams ${MEM_NY:-16 64} --variants ${MEM_VY:-baseline} "${extra[@]}" --warmup 10 --window 10 \
+        --out "$RES/yolov8s" \
         >"$RES/yolov8s.log" 2>&1
     say "yolov8s rc=$?"; cat "$RES/yolov8s/bench_memory.md" >>"$RES/summary.txt" 2>/dev/null
     ;;
