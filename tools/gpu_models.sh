@@ -51,6 +51,10 @@
 # RT-DETR-l 56 clean at p99 75 ms on the H100 (52 at 58 ms; 64 past its engine, batch_step 8 +1.7 % there),
 # and a compiled YOLOv8s worker 4,148 MB against 4,662 uncompiled (memory with MEM_XY="NAME:K=V,K=V
 # NAME:K=V,K=V": a --variant each for the YOLOv8s half): COMPILE_MB is gone.
+# The twenty-fifth session (RESULTS "`detect_fps: 10` at scale on HEVC cameras"; an H100 again, started at
+# the first call, six calls): point 4 on the H100 with the HEVC clip, 56 full rate (p99 92 ms) against 156 at
+# detect_fps 10 (6 x 8, ring_slots 6: p99 89 ms), 2.79x; 162 at 113 ms, 168 at 304 ms; and the compiled
+# first start under the unit's strict seccomp filter on the GPU (gpu_session.sh service): nothing denied.
 # Next, in this order (a cold start costs 1-5 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
@@ -68,9 +72,9 @@
 #        --start-timeout 220; mps:rtdetr-l 64 … (the same without --engine-key)" tools/gpu_models.sh rows
 #        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
-#   2. SANDBOX_MODES=strict SERVICE_TESTS= tools/gpu_session.sh service (a compiled first start under the
-#        unit's sandbox: Inductor's compile-worker pool and gcc pass the filter on the CPU, tests/service/
-#        test_seccomp_run.py; Triton's and CUDA's part of the compile is not yet seen there)
+#   2. point 4 at 168 HEVC cameras on detect_fps 10 (p99 304 ms on the H100 where 56 at full rate, the same
+#        1,680 img/s, ran at 92 ms): where the engine's GPU time goes with three times the decoded frames
+#        (tools/kernel_profile.py, or nsys, beside that live row), then what cuts it
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
 #        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
 #        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3
