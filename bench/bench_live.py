@@ -30,11 +30,13 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,6 +77,7 @@ def config_text(
     compile: bool = True,
     shared: bool = False,
     lanes: int = 1,
+    metrics_port: int = 0,
 ) -> str:
     """``model_keys``: extra ``model:`` lines ("key: value"); ``detect_fps`` on every stream, with tracking's
     ``fill_skipped`` (every decoded frame then has a line, so frame-index gaps stay exact drops)."""
@@ -111,7 +114,8 @@ def config_text(
         f"pipeline:\n  batch_size: {batch}\n  workers: {workers}\n{extra}{pipeline_lines}"
         f"{tracking}"
         f"sinks:\n  - type: jsonl\n    path: {out}\n    queue_size: 200000\n"
-        "log_level: info\n"
+        + (f"metrics:\n  enabled: true\n  port: {metrics_port}\n" if metrics_port else "")
+        + "log_level: info\n"
     )
 
 
@@ -154,6 +158,24 @@ def rss_mb(pid: int) -> float:
             return int(f.read().split()[1]) * PAGE / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_counters(port: int) -> tuple[float, float] | None:
+    """engine.shared: (batches, rows) of the engine processes so far, summed over GPUs, from /metrics."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    total = {"batches": 0.0, "rows": 0.0}
+    for name, value in re.findall(r"^streamd_engine_(batches|rows)_total\{[^}]*\} (\S+)$", text, re.M):
+        total[name] += float(value)
+    return total["batches"], total["rows"]
 
 
 def gpu_mem_mb() -> dict[int, float]:
@@ -355,6 +377,7 @@ def live_run(
     out.unlink(missing_ok=True)
     cfg = tmp / f"live-{n}.yaml"
     spare = spare and not args.no_spare
+    port = free_port() if args.shared else 0  # /metrics: the shared engine's batches in the window
     text = config_text(
         args.clip, n, out, batch=args.batch, workers=args.workers, engine=args.engine,
         extra="" if spare else "  spare_worker: false\n", realtime=realtime, devices=tuple(args.devices),
@@ -362,6 +385,7 @@ def live_run(
         pipeline_keys=tuple(args.pipeline_key), detect_fps=args.detect_fps,
         input_size=tuple(args.input_size) if args.input_size else None, fill_skipped=not args.no_fill_skipped,
         precision=args.precision, compile=args.compile, shared=args.shared, lanes=args.lanes,
+        metrics_port=port,
     )  # fmt: skip
     filled = bool(args.detect_fps) and not args.no_fill_skipped
     # detect_fps with fill_skipped: the config has tracking on already (a second tracking: key is invalid)
@@ -408,6 +432,7 @@ def live_run(
         if kill_worker:
             return restart_probe(args, d, out, row)
         duration = soak_s or args.window
+        engine0 = engine_counters(port) if port else None  # the shared engine's merged batches in the window
         t0 = time.time()
         cpu0 = cpu_seconds(pids)
         samples = []
@@ -435,6 +460,11 @@ def live_run(
             time.sleep(0.2)
         t1 = time.time()
         cpu = cpu_seconds(pids) - cpu0
+        engine1 = engine_counters(port) if engine0 is not None else None
+        if engine0 is not None and engine1 is not None and engine1[0] > engine0[0]:
+            # rows per engine batch over the window (its beats come once a second: +-1 s at each end)
+            row["engine_rows_per_batch"] = round((engine1[1] - engine0[1]) / (engine1[0] - engine0[0]), 1)
+            row["engine_rows_per_s"] = round((engine1[1] - engine0[1]) / (t1 - t0), 1)
         time.sleep(1.0)  # lines of the window's last frames
         if tail is not None:
             history += tail.records()

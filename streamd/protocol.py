@@ -145,11 +145,13 @@ class WorkerStats:
 
 @dataclass(frozen=True)
 class EngineBeat:
-    """engine.shared: the engine process, once a second: batches run so far, and Submits waiting or in flight
-    (no batch for long while some wait: the engine is wedged, and the supervisor kills it)."""
+    """engine.shared: the engine process, once a second: batches run so far, their rows (the workers' batches
+    it merged), and Submits waiting or in flight (no batch for long while some wait: the engine is wedged, and
+    the supervisor kills it)."""
 
     batches: int
     waiting: int
+    rows: int = 0
 
 
 @dataclass(frozen=True)

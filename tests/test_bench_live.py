@@ -65,6 +65,28 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     assert "of it" in (out / "bench_live.md").read_text()
 
 
+def test_a_shared_engine_row_counts_its_merged_batches(tmp_path) -> None:
+    """--shared: the row gives the engine process's rows per batch over the window, from the daemon's /metrics
+    (engine.shared's engine counters), and the engine stage of the lines (no timing: runs beside the rest)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_live.py", "--clip", str(CLIP), "--fps", "5", "--engine", "onnxruntime",
+         "--streams", "3", "--workers", "2", "--batch", "2", "--shared", "--no-spare",
+         "--ceiling-threads", "0", "--ceiling-processes", "0", "--warmup", "3", "--window", "6",
+         "--out", str(out), "--tmp", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = json.loads((out / "bench_live.json").read_text())["ramp"]
+    assert row["shared_engine"] and row["exit"] == 0 and row["delivered_fps"] > 0, row
+    assert "engine" in row["stage_p50_ms"] and "infer" not in row["stage_p50_ms"]
+    # the engine's rows a second over the window are the detected frames' rate (lines by decode time, a
+    # window shifted by the latency: the same rate once steady), within its beats' +-1 s at each end
+    assert 0.5 * row["detected_fps"] <= row["engine_rows_per_s"] <= 2.0 * row["detected_fps"], row
+    # two workers of batch 2, each with batches in flight, feed one engine of max_batch 64
+    assert 1.0 <= row["engine_rows_per_batch"] <= 64, row
+
+
 def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
     from bench.bench_live import config_text
     from streamd.config import load_config

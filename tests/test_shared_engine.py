@@ -14,7 +14,9 @@ import json
 import os
 import re
 import signal
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +33,34 @@ MODEL_KEYS = (
 )
 
 
-def _config(path: Path, clip: Path, out: Path, *, shared: bool, engine: str, loop: bool = False) -> Path:
+def _config(
+    path: Path, clip: Path, out: Path, *, shared: bool, engine: str, loop: bool = False, metrics_port: int = 0
+) -> Path:
     streams = "".join(
         f"  - id: {sid}\n    url: {clip}\n    loop: {str(loop).lower()}\n" for sid in ("a", "b", "c")
     )
+    metrics = f"metrics:\n  enabled: true\n  port: {metrics_port}\n" if metrics_port else ""
     path.write_text(
         f"streams:\n{streams}model:\n  path: {MODEL}\n{MODEL_KEYS}"
         f"engine:\n  type: {engine}\n  shared: {str(shared).lower()}\n  max_batch: 8\n  compile: false\n"
         "pipeline:\n  workers: 2\n  spare_worker: false\n  batch_size: 4\n"
-        f"sinks:\n  - type: jsonl\n    path: {out}\n"
+        f"sinks:\n  - type: jsonl\n    path: {out}\n{metrics}"
     )
     return path
+
+
+def _engine_counters(port: int) -> tuple[float, float]:
+    """(batches, rows) of the engine process on device 0, from /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    found = dict(re.findall(r'^(streamd_engine_(?:batches|rows)_total)\{device="0"\} (\S+)$', text, re.M))
+    get = lambda name: float(found.get(f"streamd_engine_{name}_total", -1))  # noqa: E731
+    return get("batches"), get("rows")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _lines(out: Path) -> list[dict]:
@@ -97,8 +116,13 @@ def test_a_shared_engine_on_the_gpu_matches_an_engine_per_worker(tmp_path, asset
 
 
 def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, short_clip):
+    """Also /metrics: the engine's batches and rows count up across the restart (never back), merged batches
+    (rows per batch) above one worker's batch of 4."""
     out = tmp_path / "out.jsonl"
-    cfg = _config(tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True)
+    port = _free_port()
+    cfg = _config(
+        tmp_path / "c.yaml", short_clip, out, shared=True, engine="onnxruntime", loop=True, metrics_port=port
+    )
     proc = start_streamd(cfg)
     log: list[str] = []
     deadline = time.monotonic() + 240
@@ -112,15 +136,26 @@ def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, shor
     assert pid is not None, "".join(log)[-3000:]
     while len(_lines(out)) < 60 and time.monotonic() < deadline:
         time.sleep(0.2)
+    time.sleep(1.5)  # the engine's next beat (once a second) carries those batches
+    batches0, rows0 = _engine_counters(port)
     os.kill(pid, signal.SIGKILL)
     before = len(_lines(out))
     while len(_lines(out)) < before + 120 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
+    time.sleep(1.5)
+    batches1, rows1 = _engine_counters(port)
+    written = len(_lines(out))
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=120)[1], None
     stderr = "".join(log) + rest
     assert "engine process on device 0 died (killed by signal 9)" in stderr, stderr[-3000:]
     assert "engine process back on device 0" in stderr, stderr[-3000:]
+    print(f"engine: {batches0:.0f} batches, {rows0:.0f} rows before the kill;",
+          f"{batches1:.0f}, {rows1:.0f} after; {written} lines")  # fmt: skip
+    assert 0 < batches0 < rows0 and rows0 >= 60  # every line written went through the engine
+    # counted on from where it was: a reset would leave about the lines since the kill (120 of >= 180)
+    assert batches1 > batches0 and rows1 - rows0 >= 90 and rows1 >= 0.8 * written
+    assert rows1 / batches1 > 4  # merged: fuller batches than one worker's batch of 4
     lines = _lines(out)
     assert len(lines) >= before + 120, stderr[-3000:]  # the streams went on after the kill
     for sid in ("a", "b", "c"):  # one numbering per stream across the restarts: none twice, none skipped

@@ -184,7 +184,8 @@ except Exception as exc:
 row = r["ramp"][0]
 keys = ("streams", "delivered_fps", "detected_fps", "drops_in_window", "p50_ms", "p99_ms", "min_stream_share",
         "min_fair_share", "engine_efficiency", "workers_started", "warmup_s", "gpu_mb_per_process", "error",
-        "per_second_fps", "start", "ready_after_s", "compile_s", "stage_p50_ms", "stage_p99_ms")
+        "per_second_fps", "start", "ready_after_s", "compile_s", "stage_p50_ms", "stage_p99_ms",
+        "engine_rows_per_batch", "engine_rows_per_s")
 print(sys.argv[2], {k: row.get(k) for k in keys}, list(row.get("warnings", {}))[:3])
 raise SystemExit(0 if r.get("largest_clean_streams") == int(sys.argv[3]) else 1)
 PY

@@ -112,7 +112,7 @@ def _beat(conn: Connection, server: EngineServer, stop: threading.Event) -> None
     """Progress for the supervisor's watchdog (``EngineHosts.STALL_S``), once a second."""
     while not stop.wait(1.0):
         try:
-            conn.send(EngineBeat(server.batches, server.waiting()))
+            conn.send(EngineBeat(server.batches, server.waiting(), server.rows))
         except (OSError, ValueError):
             return
 

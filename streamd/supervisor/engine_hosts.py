@@ -42,8 +42,11 @@ class EngineHost:
     reader: threading.Thread | None = None
     fatal: StartFailed | None = None
     progress_at: float = 0.0  # monotonic: its last batch, or a beat with nothing waiting
-    batches: int = 0
+    batches: int = 0  # this process's, from its beats
+    rows: int = 0
     waiting: int = 0
+    past_batches: int = 0  # those of the processes before a restart: the totals never go back
+    past_rows: int = 0
 
     @property
     def alive(self) -> bool:
@@ -101,11 +104,13 @@ class EngineHosts:
             if isinstance(message, EngineBeat):
                 if message.batches != host.batches or message.waiting == 0:
                     host.progress_at = time.monotonic()
-                host.batches, host.waiting = message.batches, message.waiting
+                host.batches, host.rows, host.waiting = message.batches, message.rows, message.waiting
             elif isinstance(message, Ready):
                 host.ready = host.ever_ready = True
                 host.ready_at = host.progress_at = time.monotonic()
-                host.batches = 0
+                host.past_batches += host.batches  # a restarted process counts from 0 again
+                host.past_rows += host.rows
+                host.batches = host.rows = 0
                 state = "back" if host.restarts else "ready"
                 log.info(
                     "engine process %s on device %d (pid %d): %s",
@@ -120,6 +125,14 @@ class EngineHosts:
                     log.error(
                         "engine process on device %d could not start again: %s", host.device, message.message
                     )
+
+    def stats(self) -> dict[int, dict[str, int]]:
+        """Per GPU: engine batches run and their rows since start (every process of it), and Submits waiting
+        now; rows / batches over a window is how full the merged batches ran (``/metrics``)."""
+        return {
+            d: {"batches": h.past_batches + h.batches, "rows": h.past_rows + h.rows, "waiting": h.waiting}
+            for d, h in self.hosts.items()
+        }
 
     def fatal(self) -> StartFailed | None:
         """A start-up failure of an engine process that was never ready in this run (the model does not load,

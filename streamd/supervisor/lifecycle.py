@@ -395,6 +395,8 @@ class Supervisor:
                 stalled=self.pool.stalled(),
                 stale_after_s=self.config.metrics.stale_after_s,
             )
+        if engines := self.pool.engines.stats():  # engine.shared: the engine processes' batches
+            snap["engines"] = engines
         if self.cluster is not None:
             snap["cluster"] = self.cluster.status()
         return snap

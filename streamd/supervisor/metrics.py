@@ -30,6 +30,7 @@ The snapshot dict (every key optional except ``per_stream``)::
     batches: {worker: {batches: int, frames: int, size: int}}         batch fill = frames / (batches * size)
     workers: {worker: {pid: int, rss_bytes: int, gpu_memory_bytes: int, restarts: int}}
     gpu_memory_bytes: {device: int}
+    engines: {device: {batches: int, rows: int, waiting: int}}   engine.shared's engine processes
 
 GPU memory needs no CUDA in the supervisor: where ``nvidia-smi`` exists, it is asked (at most every 5 s) for
 each GPU's used memory and each process's, matched to the workers' ``pid`` (values in the snapshot win).
@@ -326,7 +327,31 @@ class SnapshotCollector:
         yield crossings
         yield from _sink_families(snap)
         yield from _worker_families(snap)
+        yield from _engine_families(snap.get("engines", {}))
         yield from cluster_families(snap.get("cluster"))  # nodes, leases, moves (cluster: only)
+
+
+def _engine_families(engines: Mapping[int, Mapping[str, int]]) -> Iterator[Metric]:
+    """engine.shared: each GPU's engine process. Rows / batches over a window is how full its merged batches
+    run: at the engine's ``max_batch`` while Submits wait, it is the bottleneck."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if not engines:
+        return
+    batches = CounterMetricFamily(
+        "streamd_engine_batches", "Batches the shared engine process ran, since start.", labels=["device"]
+    )
+    rows = CounterMetricFamily(
+        "streamd_engine_rows", "Rows (frames) in those batches (workers' batches merged).", labels=["device"]
+    )
+    waiting = GaugeMetricFamily(
+        "streamd_engine_waiting", "Workers' batches queued or in the engine's batches.", labels=["device"]
+    )
+    for device, e in engines.items():
+        batches.add_metric([str(device)], e.get("batches", 0))
+        rows.add_metric([str(device)], e.get("rows", 0))
+        waiting.add_metric([str(device)], e.get("waiting", 0))
+    yield from (batches, rows, waiting)
 
 
 def _gauge(name: str, help_text: str, value: float) -> Metric:
