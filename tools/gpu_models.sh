@@ -73,8 +73,12 @@
 #        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
 #   2. point 4 at 168 HEVC cameras on detect_fps 10 (p99 304 ms on the H100 where 56 at full rate, the same
-#        1,680 img/s, ran at 92 ms): where the engine's GPU time goes with three times the decoded frames
-#        (tools/kernel_profile.py, or nsys, beside that live row), then what cuts it
+#        1,680 img/s, ran at 92 ms): which of the two differences costs the engine its rate, six workers
+#        (MPS clients) or three times the decoded frames; the rows now count the engine's rows per batch in
+#        the window (engine_rows_per_batch, from /metrics). Carry the HEVC clip; R="--batch 8 --shared
+#        --pipeline-key ring_slots=6 --engine-key batch_step=8 --warmup 30 --start-timeout 220";
+#        ROWS="mps:rtdetr-l 56 --workers 3 $R; mps:rtdetr-l 56 --workers 6 $R; mps:rtdetr-l 168 --workers 6
+#        --detect-fps 10 $R" (~8 min on a warm Inductor cache)
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
 #        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
 #        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3
