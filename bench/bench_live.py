@@ -195,6 +195,40 @@ def gpu_mem_mb() -> dict[int, float]:
     return out
 
 
+# NVML's % of time: a kernel running, the memory controller busy, NVDEC busy
+UTIL_FIELDS = ("gpu", "memory", "decoder")
+
+
+def gpu_util() -> dict[int, tuple[float, ...]]:
+    """Each GPU's utilization now (nvidia-smi), index -> UTIL_FIELDS in %; {} without nvidia-smi."""
+    query = "index," + ",".join(f"utilization.{f}" for f in UTIL_FIELDS)
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 1 + len(UTIL_FIELDS) and all(p.replace(".", "").isdigit() for p in parts):
+            out[int(parts[0])] = tuple(float(p) for p in parts[1:])
+    return out
+
+
+def mean_util(samples: list[dict[int, tuple[float, ...]]]) -> dict[str, dict[str, float]]:
+    """The window's mean utilization per GPU: {"0": {"gpu": %, "memory": %, "decoder": %}}."""
+    per_gpu: dict[int, list[tuple[float, ...]]] = defaultdict(list)
+    for sample in samples:
+        for index, values in sample.items():
+            per_gpu[index].append(values)
+    return {
+        str(index): {f: round(float(np.mean([v[k] for v in values])), 1) for k, f in enumerate(UTIL_FIELDS)}
+        for index, values in sorted(per_gpu.items())
+    }
+
+
 class Daemon:
     """`streamd run CONFIG` as a subprocess; stderr collected line by line."""
 
@@ -436,7 +470,8 @@ def live_run(
         t0 = time.time()
         cpu0 = cpu_seconds(pids)
         samples = []
-        next_sample = time.monotonic()
+        next_sample = next_util = time.monotonic()
+        utils: list[dict[int, tuple[float, ...]]] = []  # every 2 s: is the GPU, or NVDEC, the limit?
         # A soak's JSONL grows to ~1 GB: parse it as it grows (at each sample), never all at the end.
         tail = Tail(out) if soak_s else None
         history: list[dict] = []
@@ -454,12 +489,18 @@ def live_run(
                      "gpu_mb": {p: gpu.get(p, 0.0) for p in pids}}
                 )  # fmt: skip
                 next_sample += args.sample_every
+            if time.monotonic() >= next_util:
+                if util := gpu_util():
+                    utils.append(util)
+                next_util += 2.0
                 if soak_s:  # kept as it goes: a soak cut short by the call's time limit still tells
                     partial = {**row, "samples": samples, "growth": growth(samples, skip_s=60.0)}
                     (args.out / "soak_partial.json").write_text(json.dumps(partial))
             time.sleep(0.2)
         t1 = time.time()
         cpu = cpu_seconds(pids) - cpu0
+        if utils:
+            row["gpu_util_pct"] = mean_util(utils)
         engine1 = engine_counters(port) if engine0 is not None else None
         if engine0 is not None and engine1 is not None and engine1[0] > engine0[0]:
             # rows per engine batch over the window (its beats come once a second: +-1 s at each end)

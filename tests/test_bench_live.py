@@ -87,6 +87,27 @@ def test_a_shared_engine_row_counts_its_merged_batches(tmp_path) -> None:
     assert 1.0 <= row["engine_rows_per_batch"] <= 64, row
 
 
+def test_gpu_utilization_is_read_per_gpu_and_averaged_over_the_window(tmp_path, monkeypatch) -> None:
+    """nvidia-smi's utilization query (this box has none: a stand-in answers it in nvidia-smi's csv format),
+    per GPU and averaged over the window's samples; without nvidia-smi, nothing (the row gets no key)."""
+    from bench.bench_live import gpu_util, mean_util
+
+    fake = tmp_path / "nvidia-smi"
+    lines = "0, 97, 41, 63\\n1, 5, 1, 0\\n"  # csv,noheader,nounits: index, then the three in %
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *utilization.decoder*) printf "{lines}";; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    first = gpu_util()
+    assert first == {0: (97.0, 41.0, 63.0), 1: (5.0, 1.0, 0.0)}
+    later = {0: (89.0, 39.0, 61.0), 1: (5.0, 1.0, 0.0)}
+    assert mean_util([first, later]) == {
+        "0": {"gpu": 93.0, "memory": 40.0, "decoder": 62.0},
+        "1": {"gpu": 5.0, "memory": 1.0, "decoder": 0.0},
+    }
+    fake.unlink()
+    assert gpu_util() == {}
+
+
 def test_engine_keys_land_in_the_engine_section(tmp_path) -> None:
     from bench.bench_live import config_text
     from streamd.config import load_config

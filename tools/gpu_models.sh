@@ -75,7 +75,8 @@
 #   2. point 4 at 168 HEVC cameras on detect_fps 10 (p99 304 ms on the H100 where 56 at full rate, the same
 #        1,680 img/s, ran at 92 ms): which of the two differences costs the engine its rate, six workers
 #        (MPS clients) or three times the decoded frames; the rows now count the engine's rows per batch in
-#        the window (engine_rows_per_batch, from /metrics). Carry the HEVC clip; R="--batch 8 --shared
+#        the window (engine_rows_per_batch, from /metrics) and the GPU's utilization (gpu_util_pct: kernels,
+#        memory controller, NVDEC, nvidia-smi every 2 s). Carry the HEVC clip; R="--batch 8 --shared
 #        --pipeline-key ring_slots=6 --engine-key batch_step=8 --warmup 30 --start-timeout 220";
 #        ROWS="mps:rtdetr-l 56 --workers 3 $R; mps:rtdetr-l 56 --workers 6 $R; mps:rtdetr-l 168 --workers 6
 #        --detect-fps 10 $R" (~8 min on a warm Inductor cache)
@@ -189,7 +190,7 @@ row = r["ramp"][0]
 keys = ("streams", "delivered_fps", "detected_fps", "drops_in_window", "p50_ms", "p99_ms", "min_stream_share",
         "min_fair_share", "engine_efficiency", "workers_started", "warmup_s", "gpu_mb_per_process", "error",
         "per_second_fps", "start", "ready_after_s", "compile_s", "stage_p50_ms", "stage_p99_ms",
-        "engine_rows_per_batch", "engine_rows_per_s")
+        "engine_rows_per_batch", "engine_rows_per_s", "gpu_util_pct")
 print(sys.argv[2], {k: row.get(k) for k in keys}, list(row.get("warnings", {}))[:3])
 raise SystemExit(0 if r.get("largest_clean_streams") == int(sys.argv[3]) else 1)
 PY
