@@ -1153,6 +1153,17 @@ def markdown(r: dict) -> str:
                 f"| {x['host_cpu_ms_per_frame']} | {x.get('processes')} | {x['rss_mb_max_process']} "
                 f"| {min(gpu, default=0):.0f}–{max(gpu, default=0):.0f} | {x['exit']} |"
             )
+        notes = [x for x in rows if "engine_rows_per_batch" in x or "gpu_util_pct" in x]
+        lines += [""] if notes else []
+        for x in notes:  # the shared engine's merged batches, and which of the GPU's engines was busy
+            parts = []
+            if "engine_rows_per_batch" in x:
+                rate = x.get("engine_rows_per_s")
+                parts.append(f"engine {x['engine_rows_per_batch']} rows/batch, {rate} rows/s")
+            for index, u in x.get("gpu_util_pct", {}).items():
+                busy = f"kernels {u['gpu']} %, memory {u['memory']} %, NVDEC {u['decoder']} %"
+                parts.append(f"GPU {index}: {busy}")
+            lines.append(f"- {x['streams']} streams: " + "; ".join(parts))
     if "restart" in r:
         x = r["restart"]
         k = x.get("killed_worker", 0)

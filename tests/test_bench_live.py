@@ -85,6 +85,7 @@ def test_a_shared_engine_row_counts_its_merged_batches(tmp_path) -> None:
     assert 0.5 * row["detected_fps"] <= row["engine_rows_per_s"] <= 2.0 * row["detected_fps"], row
     # two workers of batch 2, each with batches in flight, feed one engine of max_batch 64
     assert 1.0 <= row["engine_rows_per_batch"] <= 64, row
+    assert f"engine {row['engine_rows_per_batch']} rows/batch" in (out / "bench_live.md").read_text()
 
 
 def test_gpu_utilization_is_read_per_gpu_and_averaged_over_the_window(tmp_path, monkeypatch) -> None:
