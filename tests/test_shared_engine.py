@@ -153,8 +153,9 @@ def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, shor
     print(f"engine: {batches0:.0f} batches, {rows0:.0f} rows before the kill;",
           f"{batches1:.0f}, {rows1:.0f} after; {written} lines")  # fmt: skip
     assert 0 < batches0 < rows0 and rows0 >= 60  # every line written went through the engine
-    # counted on from where it was: a reset would leave about the lines since the kill (120 of >= 180)
-    assert batches1 > batches0 and rows1 - rows0 >= 90 and rows1 >= 0.8 * written
+    # counted on across the restart (the carry itself: the test below); the beats lag by up to a second at
+    # each end, so the rows trail the lines written by what the engine did in those seconds
+    assert batches1 > batches0 and rows1 > rows0 and rows1 >= 0.5 * written
     assert rows1 / batches1 > 4  # merged: fuller batches than one worker's batch of 4
     lines = _lines(out)
     assert len(lines) >= before + 120, stderr[-3000:]  # the streams went on after the kill
@@ -162,6 +163,34 @@ def test_a_killed_engine_process_comes_back_and_the_streams_go_on(tmp_path, shor
         frames = [r["frame"] for r in lines if r["stream"] == sid]
         assert frames == list(range(len(frames))), sid
     assert proc.returncode == 0, stderr[-3000:]
+
+
+def test_the_engine_counters_carry_over_a_restart(tmp_path, short_clip):
+    """The supervisor's view of an engine process (its beats): batches and rows since start, a restarted
+    process's counting from 0 added to what its predecessors ran, so /metrics' counters never go back."""
+    from streamd.config import load_config
+    from streamd.protocol import EngineBeat, Ready
+    from streamd.supervisor.engine_hosts import EngineHosts
+
+    class Conn:  # the engine process's end of the pipe, as the reader thread sees it
+        def __init__(self, messages: list) -> None:
+            self.messages = messages
+
+        def recv(self) -> object:
+            if not self.messages:
+                raise EOFError
+            return self.messages.pop(0)
+
+    cfg = _config(tmp_path / "c.yaml", short_clip, tmp_path / "o.jsonl", shared=True, engine="onnxruntime")
+    hosts = EngineHosts(load_config(cfg), ctx=None, devices=[0])
+    host = hosts.hosts[0]
+    ready = Ready(1, "onnxruntime-cpu", False, "cpu")
+    hosts._read(host, Conn([ready, EngineBeat(5, 2, 30), EngineBeat(10, 0, 70)]))  # type: ignore[arg-type]
+    assert hosts.stats() == {0: {"batches": 10, "rows": 70, "waiting": 0}}
+    hosts._read(host, Conn([ready]))  # the process died and its successor is ready: counting from 0
+    assert hosts.stats()[0]["batches"] == 10 and hosts.stats()[0]["rows"] == 70
+    hosts._read(host, Conn([EngineBeat(3, 1, 20)]))  # type: ignore[arg-type]
+    assert hosts.stats() == {0: {"batches": 13, "rows": 90, "waiting": 1}}
 
 
 def test_the_engine_runs_the_queue_prefix_that_fills_its_batch_size_best():
