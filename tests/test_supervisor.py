@@ -263,8 +263,8 @@ def test_overload_is_reported(tmp_path, assets, caplog) -> None:
             time.sleep(0.5)
             behind = sup.snapshot().get("overloaded", [])
         snap = sup.snapshot()
-        # said once two 5 s status ticks in a row saw streams behind, four within 30 s of READY
-        deadline = time.monotonic() + 40
+        # said once two 5 s status ticks in a row saw streams behind, and not in the 30 s after READY
+        deadline = time.monotonic() + 45
         while "overloaded:" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.5)
         sup.stop.set()
@@ -300,9 +300,9 @@ def test_the_overload_warning_needs_two_ticks_behind(caplog) -> None:
 
 
 def test_a_start_up_catching_up_is_no_overload_but_a_lasting_one_is(caplog) -> None:
-    """Within 30 s of READY it takes four status ticks in a row with streams behind (156 HEVC streams on an
-    H100 had 96 behind for two ticks after READY, none after: a start, not an overload); an overload that
-    lasts is said by the fourth tick, and after the grace two ticks are enough again."""
+    """Streams behind in the 30 s after READY are a start catching up, not an overload (156 HEVC streams on an
+    H100: 96 behind at the tick 8 s after READY, still some 13 s after, none 18 s after); an overload that
+    lasts past them is said at the first tick after, and later two ticks in a row are enough, as before."""
     import logging
 
     from streamd.supervisor.lifecycle import Supervisor
@@ -324,11 +324,11 @@ def test_a_start_up_catching_up_is_no_overload_but_a_lasting_one_is(caplog) -> N
                 said.append(caplog.text.count("streamd: overloaded:"))
         return said
 
-    # READY at 100: ticks at 103, 108, ... (the H100 start: behind at +3 and +8, caught up at +13)
-    assert said_per_tick([["a"], ["a"], [], [], []], ready=100.0, t0=103.0) == [0, 0, 0, 0, 0]
+    # READY at 100: ticks at 103, 108, ... (the H100 start: behind at +3, +8 and +13, caught up at +18)
     assert said_per_tick([["a"], ["a"], ["a"], [], []], ready=100.0, t0=103.0) == [0, 0, 0, 0, 0]
-    # behind from the start and staying behind: said at the fourth tick (+18 s)
-    assert said_per_tick([["a"]] * 6, ready=100.0, t0=103.0) == [0, 0, 0, 1, 1, 1]
+    assert said_per_tick([["a"]] * 5 + [[], []], ready=100.0, t0=103.0) == [0] * 7  # caught up at +28
+    # behind from the start and staying behind: said at the first tick past the grace (+33 s)
+    assert said_per_tick([["a"]] * 8, ready=100.0, t0=103.0) == [0, 0, 0, 0, 0, 0, 1, 1]
     # long after READY two ticks are enough, as before
     assert said_per_tick([["a"], ["a"], ["a"]], ready=100.0, t0=200.0) == [0, 1, 1]
 

@@ -46,7 +46,7 @@ from streamd.supervisor.server import MetricsServer
 __all__ = ["Supervisor", "plan_workers"]
 
 log = logging.getLogger("streamd.supervisor")
-STARTUP_GRACE_S = 30.0  # after READY: streams catching up from the start are not yet an overload
+STARTUP_GRACE_S = 30.0  # after READY: streams catching up from the start are no overload (yet)
 
 
 class Supervisor:
@@ -471,11 +471,12 @@ class Supervisor:
         self._last_status = now
         # Said when it starts and when it ends, not every tick; it starts when two ticks in a row (>= 5 s) see
         # streams behind: a start-up's first seconds (decoders coming up, first batches) are not an overload.
-        # Within STARTUP_GRACE_S of READY it takes four (>= 15 s): a start at scale catches up for longer
-        # (156 HEVC streams on an H100: 96 behind 8 s after READY, none 18 s after; bench/RESULTS.md).
+        # Not within STARTUP_GRACE_S of READY: a start at scale catches up for longer (156 HEVC streams on an
+        # H100: behind 3, 8 and 13 s after READY, none 18 s after; bench/RESULTS.md); one behind all through
+        # it is said at the first tick after it.
         self._behind_ticks = self._behind_ticks + 1 if behind else 0
         starting = self._ready_mono is not None and now - self._ready_mono < STARTUP_GRACE_S
-        if bool(behind) == self._overloaded or (behind and self._behind_ticks < (4 if starting else 2)):
+        if bool(behind) == self._overloaded or (behind and (starting or self._behind_ticks < 2)):
             return
         self._overloaded = bool(behind)
         if behind:
