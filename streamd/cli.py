@@ -147,6 +147,11 @@ def _check(path: str, model: bool) -> int:
             print(f"streamd: note: {note}", file=sys.stderr)
         for warning in memory.warnings:
             print(f"streamd: warning: {warning}", file=sys.stderr)
+        if memory.per_device_mb:  # a GPU is visible and the config uses it: the GPU path's worker figures
+            from streamd.checks.load import check_load
+
+            for warning in check_load(config):
+                print(f"streamd: warning: {warning}", file=sys.stderr)
         from streamd.checks.toolchain import compile_warning
 
         if uncompiled := compile_warning(config):
