@@ -65,6 +65,9 @@ def test_a_worker_past_what_one_carries_is_warned_with_the_workers_it_needs(tmp_
     (warning,) = check_load(mixed, [25.0, 460.0, 25.0, 460.0])  # worker 1: two 460 fps streams
     assert "worker 1 would decode ≈ 920 frames/s (2 stream(s)" in warning
     assert "set pipeline.workers to 2 or more" in warning
+    (alone,) = check_load(mixed, [950.0, 25.0, 25.0, 25.0])  # no worker count helps one stream this fast
+    assert "worker 0 would decode ≈ 975" in alone and "one stream alone decodes ≈ 950" in alone
+    assert "set pipeline.workers" not in alone
 
 
 def test_unpaced_files_and_the_cpu_path_are_left_out(tmp_path) -> None:

@@ -72,11 +72,14 @@ def check_load(config: Config, rates: list[float | None] | None = None) -> list[
     if per_worker[busiest] <= WORKER_DECODE_FPS:
         return []
     total = sum(per_worker)
-    need = math.ceil(total / WORKER_DECODE_FPS)
-    return [
+    said = (
         f"pipeline.workers: worker {busiest} would decode ≈ {per_worker[busiest]:,.0f} frames/s "
         f"({counts[busiest]} stream(s); every frame is decoded, whatever detect_fps), and one worker process "
         f'carries ≈ {WORKER_DECODE_FPS:,.0f} (README "Sizing a box", item 2; cameras counted at '
-        f"{CAMERA_FPS:g} fps): set pipeline.workers to {need} or more for these {total:,.0f} frames/s, or "
-        "spread the streams over more GPUs (pipeline.devices)"
-    ]
+        f"{CAMERA_FPS:g} fps)"
+    )
+    fastest = max(r for r in rates if r is not None)
+    if fastest > WORKER_DECODE_FPS:  # no worker count helps a stream that alone is more
+        return [f"{said}: one stream alone decodes ≈ {fastest:,.0f}; lower its frame rate at the source"]
+    need = math.ceil(total / WORKER_DECODE_FPS)
+    return [f"{said}: set pipeline.workers to {need} or more for these {total:,.0f} frames/s (a core each)"]
