@@ -178,15 +178,20 @@ def engine_counters(port: int) -> tuple[float, float] | None:
     return total["batches"], total["rows"]
 
 
+def smi_csv(query: str) -> str:
+    """nvidia-smi's answer to ``query`` (e.g. "--query-gpu=index,utilization.gpu") as csv without header or
+    units; "" without nvidia-smi."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def gpu_mem_mb() -> dict[int, float]:
     """GPU memory per process (nvidia-smi), pid -> MiB."""
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    text = smi_csv("--query-compute-apps=pid,used_memory")
     out = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -201,14 +206,7 @@ UTIL_FIELDS = ("gpu", "memory", "decoder")
 
 def gpu_util() -> dict[int, tuple[float, ...]]:
     """Each GPU's utilization now (nvidia-smi), index -> UTIL_FIELDS in %; {} without nvidia-smi."""
-    query = "index," + ",".join(f"utilization.{f}" for f in UTIL_FIELDS)
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    text = smi_csv("--query-gpu=index," + ",".join(f"utilization.{f}" for f in UTIL_FIELDS))
     out = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]

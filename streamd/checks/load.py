@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from streamd.checks.memory import worker_count
-from streamd.config import Config, StreamConfig
+from streamd.checks.memory import file_headers, worker_count
+from streamd.config import Config
 
 # Decoded frames a second one worker process carries on the GPU path (NVDEC, torch engine): README "Sizing a
 # box", item 2 (700-900, about one core of Python per worker). Measured again in the twenty-fifth session
@@ -26,32 +26,16 @@ CAMERA_FPS = 30.0  # a live camera's rate before it sends: the common 1080p30
 
 def stream_rates(config: Config) -> list[float | None]:
     """Frames a second each stream makes the daemon decode in real time; None for an unpaced file."""
-    rates: dict[object, float] = {}
     out: list[float | None] = []
-    for stream in config.streams:
-        if stream.is_live:
-            out.append(CAMERA_FPS)
-        elif not stream.realtime:
+    for stream, info in zip(config.streams, file_headers(config), strict=True):
+        fps = info.fps if info is not None else None
+        if not stream.is_live and not stream.realtime:
             out.append(None)
+        elif fps and math.isfinite(fps) and fps > 0:
+            out.append(fps)
         else:
-            if stream.path not in rates:
-                rates[stream.path] = _file_fps(stream) or CAMERA_FPS
-            out.append(rates[stream.path])
+            out.append(CAMERA_FPS)
     return out
-
-
-def _file_fps(stream: StreamConfig) -> float | None:
-    from streamd.ingest.sources import SourceError, open_stream
-
-    try:
-        demuxer = open_stream(stream)
-    except SourceError:
-        return None
-    try:
-        fps = demuxer.info.fps
-        return fps if fps and math.isfinite(fps) and fps > 0 else None
-    finally:
-        demuxer.close()
 
 
 def check_load(config: Config, rates: list[float | None] | None = None) -> list[str]:

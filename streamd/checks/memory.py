@@ -19,8 +19,12 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamd.config import Config, StreamConfig
+
+if TYPE_CHECKING:
+    from streamd.ingest.sources.base import VideoInfo
 
 # One worker process with nothing but its CUDA context, torch, the kernels and a small engine: the 14:37 row
 # of bench/RESULTS.md's live table (1 stream, batch 4, after gc.freeze: 1,602 MB per worker), less that
@@ -118,19 +122,26 @@ def worker_count(config: Config) -> int:
 def camera_pixels(config: Config) -> list[int]:
     """Pixels per stream: a file's own size (read from its header), else 1080p (a live stream's size is only
     known once it sends pictures)."""
-    sizes: dict[Path, int] = {}
+    headers = file_headers(config)
+    return [(info.width * info.height if info else 0) or PIXELS_1080P for info in headers]
+
+
+def file_headers(config: Config) -> list[VideoInfo | None]:
+    """Each stream file's header (size, rate), read once per file; None for a camera (known only once it sends
+    pictures) or a file that does not open."""
+    headers: dict[Path, VideoInfo | None] = {}
     out = []
     for stream in config.streams:
         if stream.is_live or stream.path is None:
-            out.append(PIXELS_1080P)
+            out.append(None)
             continue
-        if stream.path not in sizes:
-            sizes[stream.path] = _file_pixels(stream) or PIXELS_1080P
-        out.append(sizes[stream.path])
+        if stream.path not in headers:
+            headers[stream.path] = _header(stream)
+        out.append(headers[stream.path])
     return out
 
 
-def _file_pixels(stream: StreamConfig) -> int | None:
+def _header(stream: StreamConfig) -> VideoInfo | None:
     from streamd.ingest.sources import SourceError, open_stream
 
     try:
@@ -138,7 +149,7 @@ def _file_pixels(stream: StreamConfig) -> int | None:
     except SourceError:
         return None
     try:
-        return demuxer.info.width * demuxer.info.height or None
+        return demuxer.info
     finally:
         demuxer.close()
 
