@@ -130,7 +130,7 @@ def file_headers(config: Config) -> list[VideoInfo | None]:
     """Each stream file's header (size, rate), read once per file; None for a camera (known only once it sends
     pictures) or a file that does not open."""
     headers: dict[Path, VideoInfo | None] = {}
-    out = []
+    out: list[VideoInfo | None] = []
     for stream in config.streams:
         if stream.is_live or stream.path is None:
             out.append(None)
