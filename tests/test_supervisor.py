@@ -194,10 +194,12 @@ def test_kill_9_of_a_worker_resumes_its_streams_and_leaves_the_others_alone(tmp_
         died = r"worker 0 \(pid \d+\) died \(killed by signal 9\); stream\(s\) a affected; moved to the spare"
         d.wait_for(died, 10)
         d.wait_for(r"worker 0 back \(pid \d+\)", 120)
-        b_during = _count(out, "b") - b_before  # b's lines while a was down
         while _count(out, "a") <= a_before and time.monotonic() - killed_at < 120:
             time.sleep(0.1)
         resumed_s = time.monotonic() - killed_at
+        # b's lines while a was down (kill to a's first line after): "worker 0 back" alone can come within a
+        # fraction of a second, in which a 2-core box busy starting the new spare may write no b line at all
+        b_during = _count(out, "b") - b_before
         assert _count(out, "a") > a_before, "stream a never came back"
         time.sleep(2)
     finally:
@@ -235,14 +237,17 @@ def test_bad_model_fails_once_with_one_line_and_exit_78(tmp_path, assets) -> Non
 
 
 @pytest.mark.slow
-def test_overload_is_reported(tmp_path, assets, caplog) -> None:
+def test_overload_is_reported(tmp_path, assets, caplog, monkeypatch) -> None:
     """Sixteen live-paced 10 fps streams on two CPU cores (160 frames/s offered; ONNX Runtime does 25-60 here,
     depending on the batch and the box's load): the snapshot (status line, /metrics) names the streams behind
     real time and the log says the box is overloaded."""
     import logging
 
+    from streamd.supervisor import lifecycle
     from streamd.supervisor.lifecycle import Supervisor
 
+    # the 30 s start-up grace has its own test (below); here 5 s keeps the serial part short
+    monkeypatch.setattr(lifecycle, "STARTUP_GRACE_S", 5.0)
     out = tmp_path / "o.jsonl"
     live = {"url": str(CLIP_HEVC), "realtime": True, "loop": True}
     raw = {
@@ -263,8 +268,8 @@ def test_overload_is_reported(tmp_path, assets, caplog) -> None:
             time.sleep(0.5)
             behind = sup.snapshot().get("overloaded", [])
         snap = sup.snapshot()
-        # said once two 5 s status ticks in a row saw streams behind, and not in the 30 s after READY
-        deadline = time.monotonic() + 45
+        # said once two 5 s status ticks in a row saw streams behind, and not in the grace after READY
+        deadline = time.monotonic() + 30
         while "overloaded:" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.5)
         sup.stop.set()
