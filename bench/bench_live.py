@@ -178,6 +178,22 @@ def engine_counters(port: int) -> tuple[float, float] | None:
     return total["batches"], total["rows"]
 
 
+def fresh_engine_counters(port: int, wait_s: float = 1.5) -> tuple[float, float, float] | None:
+    """(batches, rows, time.time()) just after the engine's counters move: they come with its beat, once a
+    second, so a plain read is up to 1 s old (+-5 % on a 20-s window's rate). An engine that runs no batch
+    never moves them: its counts are current anyway, the last read is returned after ``wait_s``."""
+    first = engine_counters(port)
+    if first is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = engine_counters(port)
+        if now is not None and now != first:
+            return (*now, time.time())
+    return (*first, time.time())
+
+
 def smi_csv(query: str) -> str:
     """nvidia-smi's answer to ``query`` (e.g. "--query-gpu=index,utilization.gpu") as csv without header or
     units; "" without nvidia-smi."""
@@ -464,7 +480,7 @@ def live_run(
         if kill_worker:
             return restart_probe(args, d, out, row)
         duration = soak_s or args.window
-        engine0 = engine_counters(port) if port else None  # the shared engine's merged batches in the window
+        engine0 = fresh_engine_counters(port) if port else None  # the shared engine's batches in the window
         t0 = time.time()
         cpu0 = cpu_seconds(pids)
         samples = []
@@ -499,11 +515,11 @@ def live_run(
         cpu = cpu_seconds(pids) - cpu0
         if utils:
             row["gpu_util_pct"] = mean_util(utils)
-        engine1 = engine_counters(port) if engine0 is not None else None
+        engine1 = fresh_engine_counters(port) if engine0 is not None else None
         if engine0 is not None and engine1 is not None and engine1[0] > engine0[0]:
-            # rows per engine batch over the window (its beats come once a second: +-1 s at each end)
+            # rows per engine batch over the window, rows/s between the two beats read as they came
             row["engine_rows_per_batch"] = round((engine1[1] - engine0[1]) / (engine1[0] - engine0[0]), 1)
-            row["engine_rows_per_s"] = round((engine1[1] - engine0[1]) / (t1 - t0), 1)
+            row["engine_rows_per_s"] = round((engine1[1] - engine0[1]) / (engine1[2] - engine0[2]), 1)
         time.sleep(1.0)  # lines of the window's last frames
         if tail is not None:
             history += tail.records()

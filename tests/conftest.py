@@ -300,6 +300,7 @@ NOT_SERIAL = {
     "tests/test_supervisor.py::test_a_start_up_catching_up_is_no_overload_but_a_lasting_one_is",
     "tests/test_bench_live.py::test_bench_live_runs_on_the_cpu",  # gaps <= counted drops: holds under load
     "tests/test_bench_live.py::test_engine_keys_land_in_the_engine_section",
+    "tests/test_bench_live.py::test_engine_counters_are_read_as_a_beat_brings_them",
     "tests/test_bench_live.py::test_a_shared_engine_row_counts_its_merged_batches",
     "tests/test_bench_live.py::test_gpu_utilization_is_read_per_gpu_and_averaged_over_the_window",
     "tests/test_bench_live.py::test_largest_clean_needs_every_stream_carried_without_drops_in_time",
