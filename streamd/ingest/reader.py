@@ -113,6 +113,8 @@ class StreamReader:
             options.setdefault("lazy", True)
         if decoder == "nvdec":
             options.setdefault("device", device)
+            if analytics is not None and analytics.rate is not None:  # detect_fps: copy only what goes on
+                options.setdefault("defer_copy", True)
             if "pool_size" in options and out.policy == "latest":
                 # The queue may hold up to hard_limit pictures while it works off a burst.
                 options["pool_size"] += max(0, out.hard_limit - out.capacity)
@@ -359,8 +361,15 @@ class StreamReader:
             t_arrival=arrived,
         )
         self.stats.decoded += 1
+        deferred = pic.deferred
         if self.analytics is not None and not self._detect(frame):
+            if deferred is not None:
+                deferred.release()  # skipped: never copied out of the decoder
             return True
+        if deferred is not None:
+            frame.surface = deferred.take()
+            if frame.surface is None:  # every pooled buffer held downstream: dropped (the decoder counts it)
+                return True
         if self.on_frame is not None:
             self.on_frame(frame)
         return self.out.put(frame, self.stop)

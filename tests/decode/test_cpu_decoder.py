@@ -288,6 +288,59 @@ def test_surfaces_return_to_the_pool_after_the_consumer_stream() -> None:
     assert gpu.log[-1] == ("release_context",) and len(gpu.freed) == 2  # last buffer gone, then the context
 
 
+def _logged_decode(dec, gpu) -> None:
+    """Put each Decode() call of the fake PyNvVideoCodec decoder into the GPU log (order against copies)."""
+    inner = dec._dec.Decode
+
+    def decode(pd):
+        gpu.log.append(("Decode",))
+        return inner(pd)
+
+    dec._dec.Decode = decode
+
+
+def test_deferred_pictures_are_copied_only_when_taken() -> None:
+    """detect_fps: a picture the stream skips is released uncopied; one it keeps is copied when taken; one
+    still undecided at the next Decode() (a picture the timeline holds back) is copied before that call."""
+    dec, gpu, _ = make_nvdec(defer_copy=True)
+    _logged_decode(dec, gpu)
+    copies = lambda: [e for e in gpu.log if e[0] == "copy"]  # noqa: E731
+    assert dec.decode(pkt(b"\x00\x00\x01x", 0)) == []  # the fake gives each picture one call later
+    skipped = dec.decode(pkt(b"\x00\x00\x01x", 1))
+    assert len(skipped) == 1 and skipped[0].pts == 0.0 and skipped[0].surface is None
+    skipped[0].deferred.release()
+    kept = dec.decode(pkt(b"\x00\x00\x01x", 2))
+    assert copies() == [] and dec.pool.size == 0  # the skipped one: no copy, no pooled buffer
+    lease = kept[0].deferred.take()  # goes on: copied now (from the buffer Decode() #2 gave), with its event
+    copied = copies()
+    assert len(copied) == 1 and copied[0][1:] == (lease.luma_ptr, 0xD000_0000 + 2, 64 * 48 * 3 // 2)
+    assert gpu.log.index(copied[0]) < gpu.log.index(("record", id(lease.ready), "ours"))
+    assert dec.pool.size == 1 and kept[0].deferred.take() is None  # taken once
+    # Undecided across a call: copied before the next Decode(), and take() gives that copy.
+    held = dec.decode(pkt(b"\x00\x00\x01x", 3))[0]
+    gpu.log.clear()
+    dec.decode(pkt(b"\x00\x00\x01x", 4))[0].deferred.release()
+    assert [e[0] for e in gpu.log] == ["copy", "record", "Decode"]
+    late = held.deferred.take()
+    assert late is not None and late.luma_ptr == gpu.log[0][1] and len(copies()) == 1  # no second copy
+    lease.release()
+    late.release()
+
+
+def test_a_deferred_picture_without_a_free_buffer_is_dropped_and_counted() -> None:
+    dec, gpu, _ = make_nvdec(defer_copy=True, pool_size=2, acquire_timeout_s=0.05)
+    pics = [p for i in range(5) for p in dec.decode(pkt(b"\x00\x00\x01x", i))]
+    leases = [p.deferred.take() for p in pics[:2]]
+    assert all(lease is not None for lease in leases) and dec.pool.size == 2
+    assert pics[2].deferred.take() is None and dec.dropped == 1  # both buffers held downstream
+    pics[3].deferred.release()  # a skipped one needs no buffer at all
+    assert dec.dropped == 1
+    leases[0].release()
+    assert pics[3].deferred.take() is None  # released: nothing to take
+    dec.close()  # an undecided picture is let go with the decoder, uncopied
+    assert sum(e[0] == "copy" for e in gpu.log) == 2
+
+
 def test_decode_after_flush_keeps_the_decoder_and_errors_recreate_it() -> None:
     """A file pass / live session ends with a flush (ENDOFSTREAM: every picture out); the next one goes on
     with the same PyNvVideoCodec decoder, parameter sets sent again in front."""

@@ -32,7 +32,9 @@ class DecodedPicture:
 
     CPU decoder: ``image`` is a host BGR uint8 array (H, W, 3), or, from ``CpuDecoder(lazy=True)``, None
     with ``pending`` set: a :class:`HostPicture` converted to BGR only when a consumer needs the pixels.
-    NVDEC: ``surface`` is an :class:`~.nvdec.Nv12Lease` in device memory and ``image`` is None. ``pts`` in
+    NVDEC: ``surface`` is an :class:`~.nvdec.Nv12Lease` in device memory and ``image`` is None, or, from
+    ``NvdecDecoder(defer_copy=True)``, None with ``deferred`` set: ``deferred.take()`` gives the lease (the
+    copy out of the decoder's buffer is made then), ``deferred.release()`` drops it uncopied. ``pts`` in
     seconds. ``luma`` is the host Y plane (H, W) uint8, filled only by ``CpuDecoder(keep_luma=True)`` (tests).
     """
 
@@ -43,6 +45,7 @@ class DecodedPicture:
     surface: Any = None
     luma: np.ndarray | None = None
     pending: HostPicture | None = None
+    deferred: DeferredSurface | None = None
 
 
 class HostPicture(Protocol):
@@ -50,6 +53,18 @@ class HostPicture(Protocol):
 
     def bgr(self) -> np.ndarray:
         """The picture as BGR uint8 (H, W, 3), converted now."""
+        ...
+
+
+class DeferredSurface(Protocol):
+    """A decoded device picture not copied out of the decoder yet (``DecodedPicture.deferred``)."""
+
+    def take(self) -> Any:
+        """The picture's surface, copied now; None when no buffer was free (the decoder counts a drop)."""
+        ...
+
+    def release(self) -> None:
+        """Not wanted: nothing is copied."""
         ...
 
 

@@ -13,6 +13,12 @@ Design
   records ``consumed`` on the consumer's stream and the decoder's stream waits on it before the buffer is
   written again. A surface dropped unread (the stream queue drops frames when the pipeline is behind) goes
   back to the pool through a finalizer.
+- Deferred copies (``defer_copy=True``, streams with ``detect_fps``): a picture comes out as a
+  :class:`DeferredCopy` over PyNvVideoCodec's buffer instead, copied into the pool by ``take()`` only when
+  the frame goes on to the detector; a frame ``detect_fps`` skips (two in three at 10 of 30 fps) costs no
+  copy, no pooled buffer and no event. PyNvVideoCodec's buffer is only read before the decoder's next call:
+  that call (``decode``, ``flush``, a recreation) first copies every picture still undecided (e.g. one the
+  stream's timeline holds back), so a later ``take()`` returns that copy.
 - No pixel crosses PCIe: NVDEC writes device memory, the copy is device to device, consumers read by pointer.
   (:func:`download_nv12` is a debugging/test helper that does copy to the host.)
 - Resolution changes: PyNvVideoCodec 2.2.4 keeps its first output size when a new SPS changes the picture
@@ -127,6 +133,8 @@ class NvdecDecoder:
     picture (counted in :attr:`dropped`). ``max_width/max_height``: the decoder is created for at least this
     size (or the stream's, if larger), so a stream that changes size within it is reconfigured in place.
     ``low_delay``: live stream; use the zero-delay mode when the stream has no B-frames (module docstring).
+    ``defer_copy``: pictures come as :class:`DeferredCopy` (``DecodedPicture.deferred``), copied only when
+    taken (module docstring).
     """
 
     name = "nvdec"
@@ -141,6 +149,7 @@ class NvdecDecoder:
         max_width: int = 1920,
         max_height: int = 1088,
         low_delay: bool = False,
+        defer_copy: bool = False,
         gpu: Any = None,
         nvc: Any = None,
     ) -> None:
@@ -175,6 +184,8 @@ class NvdecDecoder:
         self._dec: Any = None
         self._closed = False
         self.low_delay = low_delay
+        self.defer_copy = defer_copy
+        self._undecided: list[DeferredCopy] = []  # deferred pictures of the last call, not taken or released
         self.latency = "native"  # native | low: the display delay mode of the current decoder
         self.created = 0  # PyNvVideoCodec decoders created (1 + recreations)
         self._create(info.extradata)
@@ -217,6 +228,7 @@ class NvdecDecoder:
         """A fresh decoder (a new sequence, or after failures: then with twice the size headroom, in case
         the stream grew past it). It starts decoding at the next key frame. The old one is destroyed on the
         background closer thread (PyNvVideoCodec holds the GIL while it tears a decoder down)."""
+        self._settle()  # the old decoder's buffers go with it
         old, self._dec = self._dec, None
         if old is not None:
             close_later(_Retired(old))
@@ -280,6 +292,7 @@ class NvdecDecoder:
         return out
 
     def _run(self, pd: Any) -> list[DecodedPicture]:
+        self._settle()  # Decode() may reuse the buffers of the pictures it gave last time
         try:
             frames = self._dec.Decode(pd)
         except Exception as exc:
@@ -296,11 +309,30 @@ class NvdecDecoder:
                 self._recreate(grow=True)
             raise DecodeError(f"NVDEC could not decode a packet ({type(exc).__name__}: {exc})") from None
         self._errors_in_row = 0
+        if self.defer_copy:
+            return [self._defer(frame) for frame in frames]
         return [pic for pic in map(self._take, frames) if pic is not None]
+
+    def _defer(self, frame: Any) -> DecodedPicture:
+        width, height = self._size(frame)
+        deferred = DeferredCopy(self, frame, width, height)
+        self._undecided.append(deferred)
+        return DecodedPicture(self._pts(frame), width, height, deferred=deferred)
+
+    def _settle(self) -> None:
+        """Copy the pictures of the last call nobody has taken or released yet, while their buffers hold."""
+        undecided, self._undecided = self._undecided, []
+        for deferred in undecided:
+            deferred.keep()
 
     def _take(self, frame: Any) -> DecodedPicture | None:
         """Copy one PyNvVideoCodec frame into a pooled buffer before PyNvVideoCodec recycles it."""
         width, height = self._size(frame)
+        surface = self._copy(frame, width, height)
+        return None if surface is None else DecodedPicture(self._pts(frame), width, height, surface=surface)
+
+    def _copy(self, frame: Any, width: int, height: int) -> Nv12Lease | None:
+        """The frame in a pooled buffer (None: every buffer held downstream; counted in ``dropped``)."""
         src_pitch, chroma_off = self._plane_layout(frame, width, height)
         slot = self.pool.acquire(width, height, src_pitch, self._acquire_timeout_s)
         if slot is None:
@@ -320,9 +352,7 @@ class NvdecDecoder:
             uv = slot.ptr + slot.pitch * height
             gpu.copy_plane(uv, slot.pitch, luma + chroma_off, src_pitch, width, height // 2)
         gpu.record(slot.ready)
-        pts = self._pts(frame)
-        surface = Nv12Lease(slot, self.pool, gpu, self._colour_info, self.device)
-        return DecodedPicture(pts, width, height, surface=surface)
+        return Nv12Lease(slot, self.pool, gpu, self._colour_info, self.device)
 
     def _size(self, frame: Any) -> tuple[int, int]:
         """(width, height) of this picture: its NV12 ``shape`` is (H * 3 / 2, W). Per frame, because one
@@ -376,9 +406,46 @@ class NvdecDecoder:
         if self._closed:
             return
         self._closed = True
+        for deferred in self._undecided:  # nothing reads them once the decoder is gone
+            deferred.release()
+        self._undecided = []
         self._dec = None  # PyNvVideoCodec's decoder goes first (its surfaces, its use of our stream)
         self._gpu.close_stream()
         self.pool.close(on_empty=self._gpu.release_context)
+
+
+class DeferredCopy:
+    """A picture still in PyNvVideoCodec's buffer (``NvdecDecoder(defer_copy=True)``): ``take()`` copies it
+    into a pooled buffer (the frame goes on), ``release()`` lets it go uncopied (``detect_fps`` skipped it).
+    Only the stream's decode thread calls either; if neither came, the decoder copies it before its next
+    call (``keep``)."""
+
+    __slots__ = ("_dec", "_frame", "_lease", "height", "width")
+
+    def __init__(self, dec: NvdecDecoder, frame: Any, width: int, height: int) -> None:
+        self._dec: NvdecDecoder | None = dec
+        self._frame = frame
+        self._lease: Nv12Lease | None = None
+        self.width, self.height = width, height
+
+    def keep(self) -> None:
+        """Copy now if undecided (the decoder's buffer is about to be reused)."""
+        if self._dec is not None:
+            self._lease = self._dec._copy(self._frame, self.width, self.height)
+            self._dec = self._frame = None
+
+    def take(self) -> Nv12Lease | None:
+        """The pooled copy (made now unless kept already); None when no buffer was free (counted dropped)."""
+        self.keep()
+        lease, self._lease = self._lease, None
+        return lease
+
+    def release(self) -> None:
+        """Not wanted: no copy (or the kept copy goes back to its pool)."""
+        self._dec = self._frame = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 def download_nv12(surface: Nv12Lease) -> np.ndarray:

@@ -97,6 +97,51 @@ def test_nvdec_equals_cpu_decoder(clip: str) -> None:
     dec.close()
 
 
+@pytest.mark.parametrize("clip", ["h264", "hevc"])
+def test_deferred_copies_equal_the_cpu_decoder(clip: str) -> None:
+    """``defer_copy`` (streams with detect_fps): every third picture taken at once, every third released
+    uncopied, every third left undecided until after the next Decode() (the decoder copies it first); every
+    picture taken equals the CPU decoder's, held to the end like the test above."""
+    from streamd.ingest.decode.nvdec import NvdecDecoder, download_nv12
+    from streamd.ingest.sources import DemuxOptions, demuxer_class
+
+    ref = reference_luma(CLIPS[clip])
+    dmx = demuxer_class("opencv")(str(CLIPS[clip]), DemuxOptions(annexb=True))
+    dec = NvdecDecoder(dmx.info, pool_size=len(ref) + 4, defer_copy=True)
+    taken: dict[int, object] = {}
+    undecided: list[tuple[int, object]] = []
+    n = 0
+
+    def decide(pictures) -> None:
+        nonlocal n
+        for late_index, late in undecided:  # the call that gave these is over: the decoder copied them
+            taken[late_index] = late.deferred.take()
+        undecided.clear()
+        for pic in pictures:
+            assert pic.surface is None and pic.deferred is not None
+            if n % 3 == 0:
+                taken[n] = pic.deferred.take()
+            elif n % 3 == 1:
+                pic.deferred.release()
+            else:
+                undecided.append((n, pic))
+            n += 1
+
+    for pkt in dmx.packets():
+        decide(dec.decode(pkt))
+    decide(dec.flush())
+    decide([])
+    dmx.close()
+    assert n == len(ref) and dec.dropped == 0
+    for i, lease in sorted(taken.items()):
+        assert lease is not None
+        value = psnr(download_nv12(lease)[: lease.height], ref[i])
+        assert value >= MIN_PSNR_DB, f"{clip} frame {i}: PSNR {value:.1f} dB"
+        lease.release()
+    assert sorted(taken) == [i for i in range(len(ref)) if i % 3 != 1]
+    dec.close()
+
+
 def test_no_host_memory_on_the_decode_path() -> None:
     """PyNvVideoCodec's output and our pooled surfaces are device memory: the copy between them is D2D."""
     from streamd.gpu import cuda
