@@ -58,6 +58,11 @@
 # The twenty-sixth session (RESULTS "Point 4's engine counted"; one call ran on an H100 after five refusals):
 # the engine's rows per batch counted, 63.7 at 168 on detect_fps 10 (saturated) against 32.1 at 56 full rate;
 # this H100 ran slower (56 at p99 107 ms, 168 at 1,050 ms); 56 in 6 workers did not fit the call.
+# The twenty-seventh session (RESULTS "Skipped frames uncopied"; four calls on two H100s): 56 full rate in 6
+# workers as good as in 3 (p99 74.5 / 79.8 ms: MPS clients cost the engine nothing); the deferred NVDEC copy
+# (skipped frames never copied) side by side at 168 on detect_fps 10 with tools/gpu_ab.sh: host CPU -4-7 %,
+# the engine and latency unchanged (p99 272-277 ms either way): the decoded frames' cost is NVDEC's and
+# PyNvVideoCodec's own.
 # Next, in this order (a cold start costs 1-5 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
@@ -75,13 +80,10 @@
 #        --start-timeout 220; mps:rtdetr-l 64 … (the same without --engine-key)" tools/gpu_models.sh rows
 #        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
-#   2. point 4 at 168 HEVC cameras on detect_fps 10: the engine runs full 64-row batches there against 32 at
-#        56 full rate (counted, twenty-sixth session); which difference costs it its rate, six workers (MPS
-#        clients) or three times the decoded frames: 56 full rate in 6 workers beside 56 in 3 on one machine
-#        (a machine's own speed varies: 56 in 3 ran at p99 92 ms on one H100, 107 ms on another). Carry the
-#        HEVC clip; R="--batch 8 --shared --pipeline-key ring_slots=6 --engine-key batch_step=8 --warmup 30
-#        --start-timeout 220"; ROWS="mps:rtdetr-l 56 --workers 3 $R; mps:rtdetr-l 56 --workers 6 $R"
-#        LIVE_BUDGET_S=400 LIVE_TIMEOUT_S=260 (two rows: ~7 min on a cold machine)
+#   2. point 4: where the engine's margin goes at 168 HEVC cameras on detect_fps 10 (not the worker count,
+#        not streamd's copy: twenty-seventh session): tools/kernel_profile.py beside that live row (engine
+#        kernels slower, or gaps between them while NVDEC and PyNvVideoCodec's mapping run), then the engine
+#        process's stream at the device's highest priority (now the middle one) as a tools/gpu_ab.sh pair
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
 #        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
 #        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3

@@ -17,6 +17,8 @@ the open/read timeouts.
 Live streams (and files paced in real time) decode with low delay (no frame threading on the CPU, the lowest
 display delay on NVDEC). The decoder's lifecycle across passes and sessions is the :class:`DecoderSlot`'s
 (``decoder_slot.py``); indices, pts and arrival times are the :class:`Timeline`'s (``timeline.py``).
+With ``detect_fps`` on NVDEC, the decoder's copy of a picture into its pool is deferred until the frame is
+known to go on to the detector (``NvdecDecoder(defer_copy=True)``): a skipped frame is never copied.
 ``Frame.t_arrival`` is when the demuxer received the picture's packet (for paced files: when the pacer
 released the picture), the start of ``latency_ms.arrival``.
 """
