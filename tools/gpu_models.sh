@@ -82,8 +82,9 @@
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
 #   2. point 4: where the engine's margin goes at 168 HEVC cameras on detect_fps 10 (not the worker count,
 #        not streamd's copy: twenty-seventh session): tools/kernel_profile.py beside that live row (engine
-#        kernels slower, or gaps between them while NVDEC and PyNvVideoCodec's mapping run), then the engine
-#        process's stream at the device's highest priority (now the middle one) as a tools/gpu_ab.sh pair
+#        kernels slower, or gaps between them while NVDEC and PyNvVideoCodec's mapping run). Stream priority
+#        is no lever: the engine's inference streams already run above every decoder and preprocess stream
+#        (stages/cuda.py: the device's middle and highest priorities against the lowest, 0)
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
 #        .assets-work/live1080_hevc_50.mp4 (tools/gpu_carry.sh hevc) instead of the H.264 clip, then
 #        CLIP=$PWD/.assets-work/live1080_hevc_50.mp4 ROWS_MODELS=rtdetr-l ROWS="mps:rtdetr-l 60 --workers 3
