@@ -329,16 +329,22 @@ def test_deferred_pictures_are_copied_only_when_taken() -> None:
 
 def test_a_deferred_picture_without_a_free_buffer_is_dropped_and_counted() -> None:
     dec, gpu, _ = make_nvdec(defer_copy=True, pool_size=2, acquire_timeout_s=0.05)
-    pics = [p for i in range(5) for p in dec.decode(pkt(b"\x00\x00\x01x", i))]
-    leases = [p.deferred.take() for p in pics[:2]]
+
+    def picture(i: int):  # the picture of packet i - 1 (the fake's delay), decided before the next call
+        return dec.decode(pkt(b"\x00\x00\x01x", i))[0]
+
+    assert dec.decode(pkt(b"\x00\x00\x01x", 0)) == []
+    leases = [picture(i).deferred.take() for i in (1, 2)]
     assert all(lease is not None for lease in leases) and dec.pool.size == 2
-    assert pics[2].deferred.take() is None and dec.dropped == 1  # both buffers held downstream
-    pics[3].deferred.release()  # a skipped one needs no buffer at all
+    assert picture(3).deferred.take() is None and dec.dropped == 1  # both buffers held downstream
+    picture(4).deferred.release()  # a skipped one needs no buffer at all
     assert dec.dropped == 1
-    leases[0].release()
-    assert pics[3].deferred.take() is None  # released: nothing to take
+    undecided = picture(5)
     dec.close()  # an undecided picture is let go with the decoder, uncopied
+    assert undecided.deferred.take() is None
     assert sum(e[0] == "copy" for e in gpu.log) == 2
+    for lease in leases:
+        lease.release()
 
 
 def test_decode_after_flush_keeps_the_decoder_and_errors_recreate_it() -> None:
