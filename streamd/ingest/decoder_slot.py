@@ -87,6 +87,7 @@ class DecoderSlot:
             log.warning("stream %s: undecodable packet skipped (%s)", self.cfg.id, exc)
             pictures = []
         self._count_skipped(decoder, skipped, "stream %s: %d corrupt picture(s) skipped")
+        self.count_dropped()
         if pictures and self.stats.state == "no_decoder":
             self._wait.success()
             self.stats.state = "running"
@@ -109,6 +110,7 @@ class DecoderSlot:
         self._count_skipped(
             decoder, skipped, "stream %s: %d damaged picture(s) at the end of the input skipped"
         )
+        self.count_dropped()
         return pictures
 
     def give_up(self, reason: str) -> None:
@@ -140,7 +142,7 @@ class DecoderSlot:
 
     def count_dropped(self) -> None:
         """Add the pictures the decoder dropped since the last count (NVDEC: every pooled surface was held
-        downstream) to the stats."""
+        downstream) to the stats; after each decode and flush, and when a deferred copy finds no buffer."""
         dropped = int(getattr(self.decoder, "dropped", 0))
         self.stats.dropped_surfaces += dropped - self._surfaces_dropped
         self._surfaces_dropped = dropped

@@ -370,7 +370,8 @@ class StreamReader:
             return True
         if deferred is not None:
             frame.surface = deferred.take()
-            if frame.surface is None:  # every pooled buffer held downstream: dropped (the decoder counts it)
+            if frame.surface is None:  # every pooled buffer held downstream: dropped, counted
+                self.slot.count_dropped()
                 return True
         if self.on_frame is not None:
             self.on_frame(frame)

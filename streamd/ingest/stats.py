@@ -18,7 +18,9 @@ class StreamStats:
     state: str = "starting"  # starting | running | reconnecting | no_decoder | ended | failed
     reconnects: int = 0  # sessions reopened after a failure (live streams)
     stalls: int = 0  # sessions given up because nothing arrived for stall_timeout_s
-    dropped_surfaces: int = 0  # NVDEC pictures dropped because downstream held every pooled buffer
+    # NVDEC pictures dropped because downstream held every pooled buffer (with detect_fps they are counted
+    # in `decoded` too: the copy is made after the decision, see NvdecDecoder(defer_copy))
+    dropped_surfaces: int = 0
     skipped: int = 0  # decoded frames not sent to the detector (streams[].detect_fps); not drops
     opens: int = 0  # open attempts: the first open, reopens after failures, file loop passes
     decoders_created: int = 0  # decoders made (1 unless the format changed or the GPU had no room)

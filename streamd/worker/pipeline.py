@@ -410,7 +410,8 @@ class Pipeline:
 
 
 def _counters(w: StreamReader, queue: StreamQueue | None) -> StreamCounters:
-    """A stream thread's counters, and the frames its queue dropped (none once the queue is gone)."""
+    """A stream thread's counters; dropped: the frames its queue dropped (none once the queue is gone) and
+    the NVDEC pictures that found no free pooled buffer (the pipeline behind as well)."""
     s = w.stats
     return StreamCounters(
         decoded=s.decoded,
@@ -419,7 +420,7 @@ def _counters(w: StreamReader, queue: StreamQueue | None) -> StreamCounters:
         read_errors=s.read_errors,
         reconnects=s.reconnects,
         stalls=s.stalls,
-        dropped=queue.dropped if queue is not None else 0,
+        dropped=(queue.dropped if queue is not None else 0) + s.dropped_surfaces,
     )
 
 
