@@ -329,7 +329,6 @@ class StreamReader:
         however the pass or session ended (end of input, read error, truncated file, stall)."""
         if self._emit(self.slot.flush(), 0.0, pacer) and (held := self.timeline.release_held()) is not None:
             self._put(held, pacer)
-        self.slot.count_dropped()
 
     def _emit(self, pictures: list[DecodedPicture], decode_ms: float, pacer: Pacer | None) -> bool:
         """Queue the pictures as Frames; False when ``stop`` was set while waiting."""
