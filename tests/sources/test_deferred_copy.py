@@ -35,7 +35,7 @@ def _fake_nvdec(monkeypatch) -> list:
     return made
 
 
-def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, list]:
+def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, list, StreamStats]:
     made = _fake_nvdec(monkeypatch)
     pipe = pipeline(capacity=8)
     cfg = StreamConfig(id="cam", url=str(CLIP), detect_fps=detect_fps)
@@ -44,14 +44,13 @@ def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, lis
     pipe.start()
     assert reader.join(60)
     seen = len(pipe.seen["cam"].frames)
-    assert reader.stats.decoded == FRAMES and reader.stats.dropped_surfaces == 0
     copies = sum(e[0] == "copy" for d in made for e in d._gpu.log)
-    return seen, copies, made
+    return seen, copies, made, reader.stats
 
 
 def test_skipped_frames_are_not_copied(pipeline, monkeypatch) -> None:
-    seen, copies, made = _run(pipeline, monkeypatch, detect_fps=2.5)
-    assert made[0].defer_copy
+    seen, copies, made, stats = _run(pipeline, monkeypatch, detect_fps=2.5)
+    assert made[0].defer_copy and stats.decoded == FRAMES
     # The fake decoder gives pictures in decode order (the clip's B-frames' pts go back and forth), so the
     # rate is not exactly one in four here; what counts is that most frames are skipped...
     assert 0 < seen < FRAMES / 2
@@ -59,9 +58,12 @@ def test_skipped_frames_are_not_copied(pipeline, monkeypatch) -> None:
 
 
 def test_every_frame_is_copied_at_full_rate(pipeline, monkeypatch) -> None:
-    seen, copies, made = _run(pipeline, monkeypatch, detect_fps=None)
+    seen, copies, made, stats = _run(pipeline, monkeypatch, detect_fps=None)
     assert not made[0].defer_copy  # full rate: the copy stays inside the decoder's call, as before
-    assert seen == FRAMES and copies == FRAMES
+    # A loaded box can leave every pooled buffer held through the 1-s wait: that picture is dropped before
+    # it is decoded-and-counted, and not copied (seen once on a 2-core box under `-n 2`: 3 of 795).
+    assert stats.decoded + stats.dropped_surfaces == FRAMES and stats.dropped_surfaces < 10
+    assert seen == stats.decoded and copies == seen
 
 
 def test_surface_drops_are_counted_as_they_happen(monkeypatch) -> None:
