@@ -35,7 +35,7 @@ def _fake_nvdec(monkeypatch) -> list:
     return made
 
 
-def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, list, StreamStats]:
+def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, list]:
     made = _fake_nvdec(monkeypatch)
     pipe = pipeline(capacity=8)
     cfg = StreamConfig(id="cam", url=str(CLIP), detect_fps=detect_fps)
@@ -43,14 +43,18 @@ def _run(pipeline, monkeypatch, detect_fps: float | None) -> tuple[int, int, lis
     reader = pipe.add(cfg, policy="block", decoder="nvdec", analytics=analytics)
     pipe.start()
     assert reader.join(60)
+    queued = analytics.detected if analytics is not None else reader.stats.decoded
+    # the consumer may still be taking the last batch when the stream thread ends
+    assert pipe.wait_frames("cam", queued, timeout=5)
     seen = len(pipe.seen["cam"].frames)
+    assert reader.stats.decoded == FRAMES and reader.stats.dropped_surfaces == 0
     copies = sum(e[0] == "copy" for d in made for e in d._gpu.log)
-    return seen, copies, made, reader.stats
+    return seen, copies, made
 
 
 def test_skipped_frames_are_not_copied(pipeline, monkeypatch) -> None:
-    seen, copies, made, stats = _run(pipeline, monkeypatch, detect_fps=2.5)
-    assert made[0].defer_copy and stats.decoded == FRAMES
+    seen, copies, made = _run(pipeline, monkeypatch, detect_fps=2.5)
+    assert made[0].defer_copy
     # The fake decoder gives pictures in decode order (the clip's B-frames' pts go back and forth), so the
     # rate is not exactly one in four here; what counts is that most frames are skipped...
     assert 0 < seen < FRAMES / 2
@@ -58,12 +62,9 @@ def test_skipped_frames_are_not_copied(pipeline, monkeypatch) -> None:
 
 
 def test_every_frame_is_copied_at_full_rate(pipeline, monkeypatch) -> None:
-    seen, copies, made, stats = _run(pipeline, monkeypatch, detect_fps=None)
+    seen, copies, made = _run(pipeline, monkeypatch, detect_fps=None)
     assert not made[0].defer_copy  # full rate: the copy stays inside the decoder's call, as before
-    # A loaded box can leave every pooled buffer held through the 1-s wait: that picture is dropped before
-    # it is decoded-and-counted, and not copied (seen once on a 2-core box under `-n 2`: 3 of 795).
-    assert stats.decoded + stats.dropped_surfaces == FRAMES and stats.dropped_surfaces < 10
-    assert seen == stats.decoded and copies == seen
+    assert seen == FRAMES and copies == FRAMES
 
 
 def test_surface_drops_are_counted_as_they_happen(monkeypatch) -> None:
