@@ -120,6 +120,14 @@ def config_text(
 
 
 # -- processes ------------------------------------------------------------------------------------------
+def mark_phase(word: str) -> None:
+    """With ``BENCH_PHASE_FILE`` set, write ``$BENCH_PHASE_LABEL word`` there as the window starts and ends:
+    tools/engine_under_load.py tags its samples with it (the engine's rate beside exactly this window)."""
+    path = os.environ.get("BENCH_PHASE_FILE")
+    if path:
+        Path(path).write_text(f"{os.environ.get('BENCH_PHASE_LABEL', 'load')} {word}\n")
+
+
 def descendants(pid: int) -> list[int]:
     """pid and every process below it (from /proc's ppid fields)."""
     children: dict[int, list[int]] = defaultdict(list)
@@ -481,6 +489,7 @@ def live_run(
             return restart_probe(args, d, out, row)
         duration = soak_s or args.window
         engine0 = fresh_engine_counters(port) if port else None  # the shared engine's batches in the window
+        mark_phase("window")
         t0 = time.time()
         cpu0 = cpu_seconds(pids)
         samples = []
@@ -512,6 +521,7 @@ def live_run(
                     (args.out / "soak_partial.json").write_text(json.dumps(partial))
             time.sleep(0.2)
         t1 = time.time()
+        mark_phase("after")
         cpu = cpu_seconds(pids) - cpu0
         if utils:
             row["gpu_util_pct"] = mean_util(utils)

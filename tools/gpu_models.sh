@@ -117,7 +117,7 @@ preflight() {  # what the mode needs carried, checked before a device minute goe
     has ".whl-zoo/onnx2torch-*.whl" onnx2torch || has ".whl-torch/onnx2torch-*.whl" onnx2torch \
         || missing+=(".whl-zoo or .whl-torch (onnx2torch, onnxslim: the torch engine; tools/gpu_carry.sh torch)")
     case "$MODE" in
-    live | rows | memory | gil | host | ramp)
+    live | rows | memory | gil | host | ramp | contend)
         [[ -f "$clip" ]] || missing+=("$clip (tools/gpu_carry.sh clip; CLIP=... names another)")
         has ".whl-live/*.tar.xz" PyNvVideoCodec || missing+=(".whl-live (PyNvVideoCodec; tools/gpu_carry.sh live)")
         ;;
@@ -441,6 +441,47 @@ ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by si
         say "ceiling $m rc=$?"; cat "$RES/ceiling-$m/bench_engines.md" >>"$RES/summary.txt" 2>/dev/null \
             || tail -12 "$RES/ceiling-$m.txt" >>"$RES/summary.txt"
     done
+    ;;
+contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56) alone, then beside each load
+    # of CONTEND_LOADS ("plain sm25 cpu"): a daemon decoding CONTEND_N (168) cameras of $CLIP on detect_fps 10
+    # under a null detector (bench_host.py, 6 workers), all under MPS. plain = as it is; smK = the load's
+    # processes capped at K % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); cpu = the load kept off the
+    # engine's two cores (taskset); smKcpu = both. The engine always runs on cores 14-15. nvidia-smi logs the
+    # SM clock, power and NVDEC every 2 s (is it clocks, SMs or the host?).
+    install
+    build rtdetr-l
+    f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p /tmp/mps-pipe /tmp/mps-log
+    nvidia-cuda-mps-control -d >>"$RES/summary.txt" 2>&1 || say "MPS did not start"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,utilization.decoder,temperature.gpu \
+        --format=csv -l 2 >"$RES/smi.csv" 2>&1 &
+    smi=$!
+    rm -f /tmp/engine-ready /tmp/engine-stop; echo build >/tmp/phase
+    taskset -c 14-15 python3 tools/engine_under_load.py --model "$f" --batch "${CONTEND_B:-56}" \
+        --phase-file /tmp/phase --ready-file /tmp/engine-ready --stop-file /tmp/engine-stop \
+        >"$RES/engine.jsonl" 2>"$RES/engine.err" &
+    eng=$!
+    for _ in $(seq 240); do [[ -f /tmp/engine-ready ]] && break; sleep 1; done
+    say "engine ready at $SECONDS s: $(head -1 "$RES/engine.jsonl")"
+    echo alone >/tmp/phase; sleep "${CONTEND_ALONE_S:-16}"
+    for load in ${CONTEND_LOADS:-plain sm25 cpu}; do
+        if (( SECONDS > ${CONTEND_BUDGET_S:-470} )); then say "load $load skipped: the call's time is spent"; continue; fi
+        pct=""; cores=0-15
+        [[ "$load" =~ ^sm([0-9]+) ]] && pct="${BASH_REMATCH[1]}"
+        [[ "$load" == *cpu ]] && cores=0-13
+        echo "start $load" >/tmp/phase
+        BENCH_PHASE_FILE=/tmp/phase BENCH_PHASE_LABEL="$load" ${pct:+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct} \
+            timeout 200 taskset -c "$cores" python3 bench/bench_host.py --engine torch --clip "$CLIP" \
+            --streams "${CONTEND_N:-168}" --workers 6 --detect-fps 10 --window "${CONTEND_WINDOW_S:-30}" \
+            --warmup 8 --out "$RES/host-$load" >"$RES/host-$load.log" 2>&1
+        say "load $load rc=$? at $SECONDS s: $(tail -1 "$RES/host-$load/bench_live.md" 2>/dev/null)"
+        echo "alone after $load" >/tmp/phase; sleep 6
+    done
+    touch /tmp/engine-stop; wait $eng; kill $smi 2>/dev/null
+    sed -n '/^# medians/,$p' "$RES/engine.jsonl" | tee -a "$RES/summary.txt"
+    tail -3 "$RES/engine.err" >>"$RES/summary.txt"
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
     ;;
 profile)  # tools/kernel_profile.py: GPU time by kernel family for PROF_MODELS (rtdetr-l) at PROF_B (32),
     # uncompiled (with the ATen operators) and compiled (PROF_HOW); no CUDA graphs, so every kernel shows;
