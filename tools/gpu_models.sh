@@ -443,9 +443,10 @@ ceiling)  # bench_engines for zoo models (CEIL_MODELS), CEIL_VARIANTS side by si
     done
     ;;
 contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56) alone, then beside each load
-    # of CONTEND_LOADS ("plain sm25 cpu"): a daemon decoding CONTEND_N (168) cameras of $CLIP on detect_fps 10
-    # under a null detector (bench_host.py, 6 workers), all under MPS. plain = as it is; smK = the load's
-    # processes capped at K % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); cpu = the load kept off the
+    # of CONTEND_LOADS ("plain sm10 cpu"): a daemon decoding CONTEND_N (168) cameras of $CLIP on detect_fps 10
+    # under a null detector (bench_host.py, 6 workers), all under MPS. plain = as it is; smK = each of the load's
+    # processes capped at K % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps each MPS client, not their sum:
+    # 6 x 10 % leaves the engine 40 % at least); cpu = the load kept off the
     # engine's two cores (taskset); smKcpu = both. The engine always runs on cores 14-15. nvidia-smi logs the
     # SM clock, power and NVDEC every 2 s (is it clocks, SMs or the host?).
     install
@@ -465,7 +466,7 @@ contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56
     for _ in $(seq 240); do [[ -f /tmp/engine-ready ]] && break; sleep 1; done
     say "engine ready at $SECONDS s: $(head -1 "$RES/engine.jsonl")"
     echo alone >/tmp/phase; sleep "${CONTEND_ALONE_S:-16}"
-    for load in ${CONTEND_LOADS:-plain sm25 cpu}; do
+    for load in ${CONTEND_LOADS:-plain sm10 cpu}; do
         if (( SECONDS > ${CONTEND_BUDGET_S:-470} )); then say "load $load skipped: the call's time is spent"; continue; fi
         pct=""; cores=0-15
         [[ "$load" =~ ^sm([0-9]+) ]] && pct="${BASH_REMATCH[1]}"
