@@ -448,7 +448,8 @@ contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56
     # processes capped at K % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps each MPS client, not their sum:
     # 6 x 10 % leaves the engine 40 % at least); cpu = the load kept off the
     # engine's two cores (taskset); smKcpu = both. The engine always runs on cores 14-15. nvidia-smi logs the
-    # SM clock, power and NVDEC every 2 s (is it clocks, SMs or the host?).
+    # SM clock, power and NVDEC every 2 s (is it clocks, SMs or the host?). CONTEND_FLAGS="--no-compile": an
+    # engine built in seconds (a short call; the interference, not the ceiling, is the question).
     install
     build rtdetr-l
     f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
@@ -459,7 +460,7 @@ contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56
         --format=csv -l 2 >"$RES/smi.csv" 2>&1 &
     smi=$!
     rm -f /tmp/engine-ready /tmp/engine-stop; echo build >/tmp/phase
-    taskset -c 14-15 python3 tools/engine_under_load.py --model "$f" --batch "${CONTEND_B:-56}" \
+    taskset -c 14-15 python3 tools/engine_under_load.py --model "$f" --batch "${CONTEND_B:-56}" ${CONTEND_FLAGS:-} \
         --phase-file /tmp/phase --ready-file /tmp/engine-ready --stop-file /tmp/engine-stop \
         >"$RES/engine.jsonl" 2>"$RES/engine.err" &
     eng=$!
