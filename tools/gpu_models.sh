@@ -18,6 +18,8 @@
 #   tools/gpu_models.sh ceiling    # bench_engines of CEIL_MODELS (yolov8s rtdetr-l): CEIL_VARIANTS (graphs compile)
 #                                  # at CEIL_B (1 8 32 64) within CEIL_BUDGET_S (540)
 #   tools/gpu_models.sh profile    # tools/kernel_profile.py: where RT-DETR-l's GPU time goes, by kernel family
+#   tools/gpu_models.sh contend    # tools/engine_under_load.py: RT-DETR-l's img/s alone and beside a daemon
+#                                  # decoding 168 cameras (null detector), plain, SM-capped or off its cores
 #   tools/gpu_models.sh memory     # bench_memory: bundled NanoDet (keep-cache = before, baseline = after the start-up
 #                                  # memory release; MEM_VARIANTS) and YOLOv8s (baseline) at
 #                                  # MEM_N cameras ("": none) (~8 min)
@@ -63,6 +65,11 @@
 # (skipped frames never copied) side by side at 168 on detect_fps 10 with tools/gpu_ab.sh: host CPU -4-7 %,
 # the engine and latency unchanged (p99 272-277 ms either way): the decoded frames' cost is NVDEC's and
 # PyNvVideoCodec's own.
+# The twenty-eighth session (RESULTS "The engine beside 168 decoding cameras"; eleven calls, the eleventh got an
+# H200 with 434 s left): `contend` mode, tools/engine_under_load.py: uncompiled RT-DETR-l at batch 56 in a
+# process of its own, 1,019-1,026 img/s alone, 919-923 beside a null-detector daemon decoding 168 HEVC cameras
+# on detect_fps 10 (-10 %, the live rows' loss), SM clock 1,980 MHz throughout; each load process capped at
+# 10 % of the SMs (MPS): the same 922 (the cap's hold unchecked). Host CPU (the `cpu` load) did not fit.
 # Next, in this order (a cold start costs 1-5 min of device time; chain calls: idle-out after 30 s; the
 # twenty-second session got no machine in 18 calls (one started and was taken back before its command
 # finished), the twenty-third none in 13 (8 refused at a start, 5 inside a cool-down), each refusal at a start
@@ -81,8 +88,12 @@
 #        (then engine.max_batch 48: --engine-key max_batch=48; the engine's log line "engine: stopping after
 #        N batches (R rows)" in the row's archive gives the rows per merged batch)
 #   2. point 4: where the engine's margin goes at 168 HEVC cameras on detect_fps 10 (not the worker count,
-#        not streamd's copy: twenty-seventh session): tools/kernel_profile.py beside that live row (engine
-#        kernels slower, or gaps between them while NVDEC and PyNvVideoCodec's mapping run). Stream priority
+#        not streamd's copy: twenty-seventh session; not clocks, not SM occupancy as far as an MPS cap held:
+#        twenty-eighth): the host first, ~400 s cold: CLIP=$PWD/.assets-work/live1080_hevc_50.mp4
+#        CONTEND_FLAGS=--no-compile CONTEND_LOADS="plain cpu sm10" CONTEND_WINDOW_S=16 tools/gpu_models.sh
+#        contend (carry .whl-zoo .whl-live .whl-lap and the HEVC clip); if `cpu` gives the engine its 10 %
+#        back, pin the engine process to cores of its own. Then tools/kernel_profile.py beside the load (engine
+#        kernels slower, i.e. memory/L2, or gaps between them). Stream priority
 #        is no lever: the engine's inference streams already run above every decoder and preprocess stream
 #        (stages/cuda.py: the device's middle and highest priorities against the lowest, 0)
 #   3. point 4 on HEVC cameras (H.264's NVDEC limit, ~168 live 1080p streams, is below 3 x 60): carry
