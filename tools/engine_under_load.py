@@ -8,10 +8,12 @@ At 168 cameras on ``detect_fps: 10`` the engine carries the rows per second of 5
 it saturates there: decoding three times the frames costs it throughput. This script says how much, and
 whether a lever gives it back: it builds the engine as the shared engine process runs it (fp16,
 ``engine.compile``, CUDA graphs, a stream at the engine stage's priority), then calls it back to back at one
-batch size and prints one JSON line per ``--interval`` seconds: img/s (GPU time of the calls, CUDA events, and
-wall clock) tagged with the text of ``--phase-file`` at that moment. A driver script (tools/gpu_models.sh
-``contend``) writes the phase's name there as it starts and stops loads beside it (a daemon decoding cameras
-under a null detector, with or without an SM limit); at the end the medians per phase are printed.
+batch size and prints one JSON line per ``--interval`` seconds: img/s over the interval's wall clock (and over
+the CUDA-event span from its first call to its last, which includes the host's waits) tagged with the text of
+``--phase-file`` at that moment (``--no-compile``: an engine built in seconds, for a short call). A driver
+script (tools/gpu_models.sh ``contend``) writes the phase's name there as it starts and stops loads beside
+it (a daemon decoding cameras under a null detector, with or without an SM limit); at the end the medians per
+phase are printed.
 """
 
 from __future__ import annotations
