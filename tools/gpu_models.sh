@@ -182,6 +182,17 @@ build() {  # families... (skipped when already built on this machine)
     say "zoo ${want[*]} built in $(( $(date +%s) - t0 )) s"
 }
 
+mps_on() {  # NVIDIA MPS for what starts next in this shell (its pipe and log under /tmp)
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p /tmp/mps-pipe /tmp/mps-log
+    nvidia-cuda-mps-control -d >>"$RES/summary.txt" 2>&1 || say "MPS did not start"
+}
+
+mps_off() {
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 threshold() {  # the manifest's score threshold for a zoo file (random weights: one that leaves detections)
     python3 -c "import json,sys; sys.path.insert(0,'bench'); from bench_families import _threshold; \
 print(_threshold(json.load(open('$ZOO/MANIFEST.json'))['files']['$(basename "$1")']))"
@@ -307,17 +318,14 @@ rows)  # ROWS="yolov8s 112 --workers 2 --batch 64; mps:yolov8s 112 --batch 64; â
         name="$1"; n="$2"; shift 2
         mps=""; [[ "$name" == mps:* ]] && { mps=1; name="${name#mps:}"; }
         if [[ -n "$mps" ]]; then
-            export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-            mkdir -p /tmp/mps-pipe /tmp/mps-log
-            nvidia-cuda-mps-control -d >>"$RES/summary.txt" 2>&1 || say "MPS did not start"
+            mps_on
         fi
         k=$(( ${k:-0} + 1 ))
         # random weights: RT-DETR's fp16 detections differ from fp32 (the check refuses it); its cost is measured
         [[ "$name" == rtdetr* ]] && set -- "$@" --engine-key "verify: false"
         live "row$k-${mps:+mps-}$name" "$(ls "$ZOO"/"$name"-640-dyn*.onnx | head -1)" "$n" --no-spare "$@"
         if [[ -n "$mps" ]]; then
-            echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1
-            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            mps_off
         fi
     done
     ;;
@@ -457,16 +465,14 @@ contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56
     # of CONTEND_LOADS ("plain sm10 cpu"): a daemon decoding CONTEND_N (168) cameras of $CLIP on detect_fps 10
     # under a null detector (bench_host.py, 6 workers), all under MPS. plain = as it is; smK = each of the load's
     # processes capped at K % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE caps each MPS client, not their sum:
-    # 6 x 10 % leaves the engine 40 % at least); cpu = the load kept off the
-    # engine's two cores (taskset); smKcpu = both. The engine always runs on cores 14-15. nvidia-smi logs the
-    # SM clock, power and NVDEC every 2 s (is it clocks, SMs or the host?). CONTEND_FLAGS="--no-compile": an
-    # engine built in seconds (a short call; the interference, not the ceiling, is the question).
+    # 6 x 10 % leaves the engine 40 % at least); cpu = the load kept off the engine's two cores (taskset);
+    # smKcpu = both. The engine always runs on cores 14-15. nvidia-smi logs the SM clock, power and NVDEC every
+    # 2 s (is it clocks, SMs or the host?). CONTEND_FLAGS="--no-compile": an engine built in seconds (a short
+    # call; the interference, not the ceiling, is the question).
     install
     build rtdetr-l
     f=$(ls "$ZOO"/rtdetr-l-640-dyn*.onnx | head -1)
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-    mkdir -p /tmp/mps-pipe /tmp/mps-log
-    nvidia-cuda-mps-control -d >>"$RES/summary.txt" 2>&1 || say "MPS did not start"
+    mps_on
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,utilization.decoder,temperature.gpu \
         --format=csv -l 2 >"$RES/smi.csv" 2>&1 &
     smi=$!
@@ -498,7 +504,7 @@ contend)  # tools/engine_under_load.py: RT-DETR-l's img/s at batch CONTEND_B (56
     touch /tmp/engine-stop; wait $eng; kill $smi 2>/dev/null
     sed -n '/^# medians/,$p' "$RES/engine.jsonl" | tee -a "$RES/summary.txt"
     tail -3 "$RES/engine.err" >>"$RES/summary.txt"
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    mps_off
     ;;
 profile)  # tools/kernel_profile.py: GPU time by kernel family for PROF_MODELS (rtdetr-l) at PROF_B (32),
     # uncompiled (with the ATen operators) and compiled (PROF_HOW); no CUDA graphs, so every kernel shows;
