@@ -4,7 +4,6 @@ Runtime, paced streams, a kill -9 of a worker) and picks the largest clean strea
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,16 +34,11 @@ def test_bench_live_runs_on_the_cpu(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "bench/bench_live.py", "--clip", str(CLIP), "--fps", "10", "--engine", "onnxruntime",
          "--streams", "2", "--workers", "2", "--devices", "0", "1", "--restart", "2", "--restart-worker", "1",
-         "--ceiling-threads", "0", "--ceiling-processes", "0", "--warmup", "5", "--window", "4",
+         "--ceiling-threads", "0", "--ceiling-processes", "0", "--warmup", "2", "--window", "4",
          "--engine-img-s", "40", "--out", str(out), "--tmp", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "BENCH_PHASE_FILE": str(tmp_path / "phase"), "BENCH_PHASE_LABEL": "ci"},
     )  # fmt: skip
-    # (a 5-s warm-up: with 2 s, on the 2-core CI box under 4 test processes, one stream had no line in the
-    # window once; every stream must still show in it)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    # the window's end marked for tools/engine_under_load.py (the restart probe that follows has no window)
-    assert (tmp_path / "phase").read_text() == "ci after\n"
     results = json.loads((out / "bench_live.json").read_text())
     (row,) = results["ramp"]
     daemon_log = "".join(f.read_text()[-1500:] for f in sorted(out.glob("daemon-*.log")))
